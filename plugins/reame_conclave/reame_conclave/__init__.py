@@ -1,0 +1,1 @@
+"""The Conclave: best-of-N in one interleaved batch, majority vote, early stop."""

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from reame_core.backend.fake import FakeBackend
+from reame_core.plugins import PluginHost
+from reame_core.settings import Settings
+
+
+def test_diskkv_is_discovered_through_its_entry_point() -> None:
+    records = {record.name: record for record in PluginHost().records()}
+    record = records["diskkv"]
+    assert record.enabled
+    assert record.distribution == "reame-diskkv"
+    assert "reame_configure" in record.hooks
+
+
+def test_diskkv_does_not_claim_a_feature_it_does_not_have() -> None:
+    record = next(r for r in PluginHost().records() if r.name == "diskkv")
+    assert "not active" in record.description
+
+
+def test_diskkv_can_be_disabled_per_deployment() -> None:
+    record = next(r for r in PluginHost(["diskkv"]).records() if r.name == "diskkv")
+    assert not record.enabled
+    assert record.hooks == ()
+
+
+def test_diskkv_refuses_unknown_settings() -> None:
+    host = PluginHost()
+    settings = Settings(plugins={"diskkv": {"no_such_option": 1}})
+    with pytest.raises(ValidationError):
+        host.hook.reame_configure(settings=settings, model=FakeBackend().info)

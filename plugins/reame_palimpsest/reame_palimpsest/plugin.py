@@ -1,0 +1,32 @@
+"""The `palimpsest` plugin's hook implementations.
+
+This release registers the plugin and validates its ``[plugins.palimpsest]`` settings
+section; the feature itself (generation archive as a draft source)
+is not active yet, and the plugin says so rather than claiming it.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from reame_core.hookspecs import hookimpl
+from reame_core.hooktypes import ModelInfo
+from reame_core.settings import Settings
+
+NAME = "palimpsest"
+
+
+class PalimpsestSettings(BaseModel):
+    """Options of the `palimpsest` plugin (none yet; unknown keys are refused)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+@hookimpl
+def reame_configure(settings: Settings, model: ModelInfo) -> None:
+    settings.plugin_section(NAME, PalimpsestSettings)
+
+
+@hookimpl
+def reame_describe() -> str:
+    return "generation archive as a draft source: not active in this release"

@@ -1,0 +1,1 @@
+"""Il Suggeritore: structured output, and grammar as a draft source."""

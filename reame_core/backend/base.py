@@ -1,0 +1,101 @@
+"""The seam between the engine and a language model runtime.
+
+`Backend` is everything the engine needs from llama.cpp and nothing more. `LlamaBackend`
+implements it over llama.cpp's C API; `FakeBackend` is a deterministic toy model that lets
+every layer above run in tests without a model. A backend is not thread-safe: the engine
+thread owns it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from reame_core.hooktypes import ModelInfo
+
+
+@dataclass
+class Batch:
+    """The tokens of one decode step, across sequences.
+
+    Logits are returned for the entries with `want_logits` set, in batch order.
+    """
+
+    tokens: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    seq_ids: list[int] = field(default_factory=list)
+    want_logits: list[bool] = field(default_factory=list)
+
+    def add(self, token: int, position: int, seq_id: int, want_logits: bool) -> None:
+        self.tokens.append(token)
+        self.positions.append(position)
+        self.seq_ids.append(seq_id)
+        self.want_logits.append(want_logits)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def n_outputs(self) -> int:
+        return sum(self.want_logits)
+
+
+class DecodeError(RuntimeError):
+    """The runtime could not decode a batch (e.g. no free KV cells)."""
+
+
+class Backend(Protocol):
+    @property
+    def info(self) -> ModelInfo: ...
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        """Text to token ids; `add_special` adds BOS where the model wants it,
+        `parse_special` turns control-token text (e.g. ``<|im_start|>``) into its id."""
+        ...
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        """The raw bytes of one token. A token may hold part of a UTF-8 character; join
+        bytes before decoding. Control tokens render as b"" unless `special`."""
+        ...
+
+    def decode(self, batch: Batch) -> np.ndarray:
+        """Run one step. Returns float32 logits, shape (batch.n_outputs, n_vocab).
+
+        The array may be a view of the runtime's buffer: valid until the next decode.
+        """
+        ...
+
+    def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
+        """Forget positions [p0, p1) of a sequence (p1 < 0: to the end)."""
+        ...
+
+    def seq_cp(self, src: int, dst: int) -> None:
+        """Make `dst` a full copy of `src` (trim it afterwards with `seq_rm`)."""
+        ...
+
+    def seq_keep(self, seq_id: int) -> None:
+        """Forget every sequence but this one."""
+        ...
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """Largest position held for the sequence, -1 if empty."""
+        ...
+
+    def get_seq_state(self, seq_id: int) -> bytes:
+        """The sequence's KV state, serialized."""
+        ...
+
+    def set_seq_state(self, seq_id: int, state: bytes) -> bool:
+        """Replace the sequence's KV with a serialized state. False if refused."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def detokenize(backend: Backend, tokens: Sequence[int], *, special: bool = False) -> str:
+    """Whole-sequence detokenization (bytes joined before decoding)."""
+    data = b"".join(backend.token_bytes(token, special=special) for token in tokens)
+    return data.decode("utf-8", errors="replace")

@@ -1,0 +1,281 @@
+"""`Backend` over llama.cpp's C API (llama-cpp-python's ctypes bindings, not its `Llama` class).
+
+One model, one context with `n_seq_max` sequence slots. In the deterministic configuration
+each sequence gets its own KV stream and flash attention is off: that makes a sequence's
+logits independent of its batch neighbours and of whether its prefix was restored or
+copied (see docs/ARCHITECTURE.md, "Determinism").
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+from array import array
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import numpy as np
+import structlog
+
+from reame_core.backend.base import Batch, DecodeError
+from reame_core.errors import ModelLoadError
+from reame_core.hooktypes import FimTokens, ModelInfo
+
+log = structlog.get_logger(__name__)
+
+# ggml log levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation.
+_LEVELS = {3: "warning", 4: "error"}
+
+
+def _route_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    # llama.cpp is chatty at load time; only its warnings and errors reach our log.
+    name = _LEVELS.get(level)
+    if name and text:
+        getattr(log, name)("llama.cpp", message=text.decode("utf-8", "replace").rstrip())
+
+
+# llama.cpp keeps a raw pointer to the callback: this module-level reference keeps it alive.
+_LOG_CALLBACK = llama_cpp.llama_log_callback(_route_llama_log)
+llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+llama_cpp.llama_backend_init()
+
+
+def system_info() -> str:
+    return bytes(llama_cpp.llama_print_system_info()).decode()
+
+
+def build_has_llamafile() -> bool:
+    """Builds with LLAMAFILE use matrix kernels whose results depend on batch shape, so
+    verifying drafts in one batch is not bit-identical to decoding them one by one."""
+    return "LLAMAFILE = 1" in system_info()
+
+
+def file_digest(path: Path) -> str:
+    """Identity of a model file: size plus hashes of its head and tail (cheap on 5 GB)."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with path.open("rb") as handle:
+        digest.update(handle.read(1 << 20))
+        if size > 2 << 20:
+            handle.seek(-(1 << 20), os.SEEK_END)
+            digest.update(handle.read(1 << 20))
+    return digest.hexdigest()
+
+
+class LlamaBackend:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        n_ctx_seq: int = 4096,
+        n_seq_max: int = 4,
+        n_batch: int = 512,
+        n_threads: int = 2,
+        deterministic: bool = True,
+        name: str | None = None,
+    ) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ModelLoadError(f"Model file not found: {self.path}")
+        model_params = llama_cpp.llama_model_default_params()
+        self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), model_params)
+        if not self._model:
+            raise ModelLoadError(f"llama.cpp could not load {self.path} (not a GGUF model?)")
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        n_ctx_seq = min(n_ctx_seq, llama_cpp.llama_model_n_ctx_train(self._model))
+
+        ctx_params = llama_cpp.llama_context_default_params()
+        ctx_params.n_ctx = n_ctx_seq * n_seq_max
+        ctx_params.n_batch = n_batch
+        ctx_params.n_ubatch = n_batch
+        ctx_params.n_seq_max = n_seq_max
+        ctx_params.n_threads = n_threads
+        ctx_params.n_threads_batch = n_threads
+        ctx_params.no_perf = True
+        ctx_params.kv_unified = not deterministic
+        ctx_params.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            if deterministic
+            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
+        )
+        self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
+        if not self._ctx:
+            llama_cpp.llama_model_free(self._model)
+            raise ModelLoadError(f"llama.cpp could not create a context for {self.path}")
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        for i in range(n_batch):
+            self._batch.n_seq_id[i] = 1
+        self._n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self._pieces: dict[tuple[int, bool], bytes] = {}
+        self.deterministic = deterministic
+        self._info = self._describe(
+            name or self.path.stem,
+            n_ctx_seq=llama_cpp.llama_n_ctx_seq(self._ctx),
+            n_seq_max=n_seq_max,
+            n_batch=n_batch,
+            settings_key=f"unified={not deterministic}/fa={not deterministic}",
+        )
+
+    # ------------------------------------------------------------------ facts
+
+    def _meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    def _describe(
+        self, name: str, *, n_ctx_seq: int, n_seq_max: int, n_batch: int, settings_key: str
+    ) -> ModelInfo:
+        vocab = self._vocab
+
+        def token_or_none(token: int) -> int | None:
+            return token if token >= 0 else None
+
+        fim_ids = (
+            llama_cpp.llama_vocab_fim_pre(vocab),
+            llama_cpp.llama_vocab_fim_suf(vocab),
+            llama_cpp.llama_vocab_fim_mid(vocab),
+        )
+        template = llama_cpp.llama_model_chat_template(self._model, None)
+        architecture = self._meta("general.architecture") or "unknown"
+        trim_safe = not (
+            llama_cpp.llama_model_n_swa(self._model) > 0
+            or llama_cpp.llama_model_is_recurrent(self._model)
+            or llama_cpp.llama_model_is_hybrid(self._model)
+        )
+        eog = frozenset(t for t in range(self._n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t))
+        fingerprint = hashlib.sha256(
+            "/".join(
+                [file_digest(self.path), architecture, "kv=f16", settings_key, "state-v1"]
+            ).encode()
+        ).hexdigest()[:32]
+        extra: dict[str, Any] = {
+            "n_params": llama_cpp.llama_model_n_params(self._model),
+            "size_bytes": llama_cpp.llama_model_size(self._model),
+            "n_swa": llama_cpp.llama_model_n_swa(self._model),
+            "llamafile": build_has_llamafile(),
+        }
+        return ModelInfo(
+            name=name,
+            path=str(self.path),
+            fingerprint=fingerprint,
+            architecture=architecture,
+            n_vocab=self._n_vocab,
+            n_ctx_seq=n_ctx_seq,
+            n_seq_max=n_seq_max,
+            n_batch=n_batch,
+            bos=token_or_none(llama_cpp.llama_vocab_bos(vocab)),
+            eos=token_or_none(llama_cpp.llama_vocab_eos(vocab)),
+            eog=eog,
+            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
+            fim=FimTokens(*fim_ids) if all(t >= 0 for t in fim_ids) else None,
+            chat_template=template.decode("utf-8") if template else None,
+            prefix_trim_safe=trim_safe,
+            kv_type="f16",
+            extra=extra,
+        )
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._info
+
+    # ------------------------------------------------------------- vocabulary
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        while True:
+            buf = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(
+                self._vocab, data, len(data), buf, capacity, add_special, parse_special
+            )
+            if n >= 0:
+                return list(buf[:n])
+            capacity = -n
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        key = (token, special)
+        piece = self._pieces.get(key)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+            piece = buf.raw[:n]
+            self._pieces[key] = piece
+        return piece
+
+    # ------------------------------------------------------------------ decode
+
+    def decode(self, batch: Batch) -> np.ndarray:
+        n = len(batch)
+        if not 0 < n <= self._info.n_batch:
+            # llama.cpp aborts the process on an oversized batch; never hand it one.
+            raise DecodeError(f"batch of {n} tokens exceeds n_batch {self._info.n_batch}")
+        b = self._batch
+        tokens = array("i", batch.tokens)
+        positions = array("i", batch.positions)
+        flags = array("b", batch.want_logits)
+        ctypes.memmove(b.token, tokens.buffer_info()[0], 4 * n)
+        ctypes.memmove(b.pos, positions.buffer_info()[0], 4 * n)
+        ctypes.memmove(b.logits, flags.buffer_info()[0], n)
+        seq_id = b.seq_id
+        for i, seq in enumerate(batch.seq_ids):
+            seq_id[i][0] = seq
+        b.n_tokens = n
+        status = llama_cpp.llama_decode(self._ctx, b)
+        if status != 0:
+            raise DecodeError(f"llama_decode returned {status}")
+        n_out = batch.n_outputs
+        if n_out == 0:
+            return np.empty((0, self._n_vocab), dtype=np.float32)
+        pointer = llama_cpp.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(pointer, shape=(n_out, self._n_vocab))
+
+    # ------------------------------------------------------------------ memory
+
+    def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
+        return bool(llama_cpp.llama_memory_seq_rm(self._memory, seq_id, p0, p1))
+
+    def seq_cp(self, src: int, dst: int) -> None:
+        # Across KV streams only whole-sequence copies are supported (llama.cpp asserts).
+        llama_cpp.llama_memory_seq_rm(self._memory, dst, -1, -1)
+        llama_cpp.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
+
+    def seq_keep(self, seq_id: int) -> None:
+        llama_cpp.llama_memory_seq_keep(self._memory, seq_id)
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_max(self._memory, seq_id))
+
+    def get_seq_state(self, seq_id: int) -> bytes:
+        size = llama_cpp.llama_state_seq_get_size(self._ctx, seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, seq_id)
+        return bytes(memoryview(buf)[:written])
+
+    def set_seq_state(self, seq_id: int, state: bytes) -> bool:
+        llama_cpp.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+        buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        read = llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(state), seq_id)
+        if read == 0:
+            llama_cpp.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+            return False
+        return True
+
+    def close(self) -> None:
+        if self._ctx:
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self._ctx)
+            llama_cpp.llama_model_free(self._model)
+            self._ctx = None
+            self._model = None

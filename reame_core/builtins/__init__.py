@@ -1,0 +1,1 @@
+"""Reame's own features, written as plugins against `reame_core.hookspecs`."""

@@ -1,0 +1,26 @@
+"""Default candidate selection: a request with n candidates gets all n back, in order.
+
+Best-of-N voting (reame-conclave) overrides this with ``tryfirst``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from reame_core.hookspecs import hookimpl
+from reame_core.hooktypes import CandidateView, Selection
+from reame_core.request import GenerationRequest
+
+
+@hookimpl(trylast=True)
+def reame_select_candidates(
+    request: GenerationRequest, candidates: Sequence[CandidateView], final: bool
+) -> Selection | None:
+    if not final:
+        return None
+    return Selection(tuple(candidate.candidate for candidate in candidates))
+
+
+@hookimpl
+def reame_describe() -> str:
+    return "returns every candidate of a request with n > 1"

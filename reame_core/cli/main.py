@@ -1,0 +1,151 @@
+"""The `reame` command: run, serve, plugins.
+
+Flags are turned into `Settings` overrides (flags win over env and the config file); the
+subcommands then start the same runtime the server uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from reame_core.errors import ReameError
+from reame_core.logs import configure_logging
+from reame_core.models import DEFAULT_MODEL, is_model_name
+from reame_core.settings import Settings
+
+
+def _engine_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model and engine")
+    group.add_argument("--config", help="TOML settings file (also REAME_CONFIG)")
+    group.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
+    group.add_argument("--ctx", type=int, help="context length per sequence slot")
+    group.add_argument("--parallel", type=int, help="sequence slots decoded together")
+    group.add_argument("--batch", type=int, help="most tokens per decode step")
+    group.add_argument(
+        "--deterministic",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="bit-identical outputs whatever the batch or cache (default on; "
+        "--no-deterministic: unified KV + flash attention, faster, not repeatable)",
+    )
+    group.add_argument(
+        "--disable-plugin",
+        action="append",
+        dest="disable_plugins",
+        metavar="NAME",
+        help="do not load this plugin (repeatable)",
+    )
+    group.add_argument("--log-json", action="store_true", default=None, help="JSON log lines")
+    group.add_argument(
+        "--log-prompts", action="store_true", default=None, help="allow prompts in logs"
+    )
+    group.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+
+
+def _sampling_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("generation")
+    group.add_argument("--max-tokens", type=int, default=512)
+    group.add_argument("--temperature", type=float, default=0.0)
+    group.add_argument("--seed", type=int)
+    group.add_argument("--system", help="system message")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="reame", description="LLM inference on cheap CPUs: never compute the same thing twice."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser(
+        "run",
+        help="answer a prompt, or chat",
+        description="Answer PROMPT (and/or text piped on stdin) and exit, or open a chat.",
+    )
+    run.add_argument(
+        "words", nargs="*", metavar="[MODEL] [PROMPT]", help=f"model (default {DEFAULT_MODEL})"
+    )
+    _sampling_flags(run)
+    _engine_flags(run)
+
+    serve = commands.add_parser("serve", help="serve the OpenAI-compatible API")
+    serve.add_argument("model", nargs="?", help=f"model (default {DEFAULT_MODEL})")
+    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 8080)")
+    _engine_flags(serve)
+
+    plugins = commands.add_parser("plugins", help="list plugins and the hooks they implement")
+    _engine_flags(plugins)
+    return parser
+
+
+def settings_from(args: argparse.Namespace, **extra: Any) -> Settings:
+    fields = (
+        "threads",
+        "ctx",
+        "parallel",
+        "batch",
+        "deterministic",
+        "disable_plugins",
+        "log_json",
+        "log_prompts",
+        "log_level",
+        "host",
+        "port",
+    )
+    overrides = {name: getattr(args, name, None) for name in fields}
+    overrides.update(extra)
+    return Settings.load(getattr(args, "config", None), **overrides)
+
+
+def split_model_and_prompt(words: Sequence[str]) -> tuple[str | None, str]:
+    """`reame run [MODEL] [PROMPT...]`: the first word is a model only if it names one."""
+    if words and is_model_name(words[0]):
+        return words[0], " ".join(words[1:])
+    return None, " ".join(words)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            model, prompt = split_model_and_prompt(args.words)
+            settings = settings_from(args, model=model)
+            configure_logging(json=settings.log_json, level=_quiet(settings), prompts=False)
+            from reame_core.cli.run import run_command
+
+            return run_command(settings, args, prompt)
+        if args.command == "serve":
+            settings = settings_from(args, model=args.model)
+            configure_logging(
+                json=settings.log_json, level=settings.log_level, prompts=settings.log_prompts
+            )
+            from reame_core.server.app import serve
+
+            return serve(settings)
+        settings = settings_from(args)
+        configure_logging(json=settings.log_json, level=_quiet(settings))
+        from reame_core.cli.plugins import plugins_command
+
+        return plugins_command(settings)
+    except ValidationError as error:
+        print(f"reame: invalid settings:\n{error}", file=sys.stderr)
+        return 2
+    except ReameError as error:
+        print(f"reame: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _quiet(settings: Settings) -> str:
+    """Interactive commands keep the terminal for the answer: warnings and up only."""
+    return "warning" if settings.log_level == "info" else settings.log_level
+
+
+if __name__ == "__main__":
+    sys.exit(main())

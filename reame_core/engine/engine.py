@@ -1,0 +1,587 @@
+"""The engine: one thread that owns the backend and advances every request, one batch a step.
+
+Each step it admits waiting requests into free slots (reusing resident or stored prefixes),
+gathers drafts, builds ONE batch holding every decoding sequence's next token (plus its
+drafts) and bounded prefill chunks, decodes it once, then samples or verifies per sequence
+and streams the new text out. Callers talk to it only through `submit` (thread-safe) and
+the events it emits; nothing outside this thread touches the backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+import numpy as np
+import structlog
+
+from reame_core.backend.base import Backend, Batch, DecodeError
+from reame_core.engine.sampler import TokenSampler
+from reame_core.engine.sequence import Phase, RequestGroup, Sequence
+from reame_core.engine.slots import KVSlots, Slot
+from reame_core.engine.speculation import DraftPolicy
+from reame_core.errors import ContextOverflowError, RequestError
+from reame_core.hooktypes import CandidateView, DraftProposal, Verification
+from reame_core.plugins import PluginHost
+from reame_core.request import (
+    Event,
+    FinishEvent,
+    FinishReason,
+    GenerationRequest,
+    TokenEvent,
+    TokenLogprob,
+)
+
+log = structlog.get_logger(__name__)
+
+_WAKE = object()
+
+
+@dataclass
+class EngineStats:
+    """Counters since start; read by metrics and benchmarks (written by the engine only)."""
+
+    requests_submitted: int = 0
+    requests_finished: int = 0
+    prompt_tokens: int = 0
+    prefill_tokens: int = 0
+    reused_tokens: int = 0
+    restored_tokens: int = 0
+    generated_tokens: int = 0
+    decode_steps: int = 0
+    decode_seconds: float = 0.0
+    batch_tokens: int = 0
+    active_sequences: int = 0
+    waiting_requests: int = 0
+    decode_errors: int = 0
+    draft_proposed: dict[str, int] = field(default_factory=dict)
+    draft_accepted: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Planned:
+    seq: Sequence
+    tokens: list[int]
+    draft: DraftProposal | None = None
+
+
+class Ticket:
+    """A submitted request, as its submitter holds it."""
+
+    def __init__(self, engine: Engine, group: RequestGroup) -> None:
+        self._engine = engine
+        self._group = group
+
+    @property
+    def request_id(self) -> str:
+        return self._group.request.request_id
+
+    def cancel(self) -> None:
+        self._engine._cancel(self._group)
+
+
+class Engine:
+    def __init__(
+        self,
+        backend: Backend,
+        plugins: PluginHost | None = None,
+        *,
+        prefill_chunk: int = 128,
+        draft_max: int = 8,
+    ) -> None:
+        self.backend = backend
+        self.info = backend.info
+        self.plugins = plugins or PluginHost(discover=False)
+        self.hook = self.plugins.hook
+        self.slots = KVSlots(backend)
+        self.prefill_chunk = prefill_chunk
+        self.policy = DraftPolicy(draft_max)
+        self.stats = EngineStats()
+        self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._waiting: deque[RequestGroup] = deque()
+        self._groups: list[RequestGroup] = []
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._drafting = self.plugins.has_implementations("reame_propose_drafts")
+        self._constrained = self.plugins.has_implementations("reame_constrain_logits")
+        self._committing = self.plugins.has_implementations("reame_tokens_committed")
+
+    # ------------------------------------------------------------ public API
+
+    def start(self) -> Engine:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="reame-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Finish the engine thread; pending requests end as cancelled."""
+        if self._thread is not None:
+            self._stopping = True
+            self._inbox.put(_WAKE)
+            self._thread.join()
+            self._thread = None
+        self.hook.reame_shutdown()
+
+    def submit(self, request: GenerationRequest, emit: Callable[[Event], None]) -> Ticket:
+        """Queue a request (any thread). Raises RequestError if it cannot be served."""
+        self.check(request)
+        group = RequestGroup(request, emit)
+        self._inbox.put(group)
+        return Ticket(self, group)
+
+    def check(self, request: GenerationRequest) -> None:
+        info = self.info
+        n_prompt = len(request.prompt_tokens)
+        if any(not 0 <= t < info.n_vocab for t in request.prompt_tokens):
+            raise RequestError(f"Token ids must be in [0, {info.n_vocab}).", param="prompt")
+        if n_prompt + request.params.max_tokens > info.n_ctx_seq:
+            raise ContextOverflowError(
+                f"This model's context per sequence is {info.n_ctx_seq} tokens; the prompt "
+                f"has {n_prompt} and max_tokens asks for {request.params.max_tokens}."
+            )
+        if request.n > info.n_seq_max:
+            raise RequestError(
+                f"'n' is {request.n} but the server runs {info.n_seq_max} sequence slots.",
+                param="n",
+            )
+        self.hook.reame_check_request(request=request, model=info)
+
+    def generate(
+        self, request: GenerationRequest, on_event: Callable[[TokenEvent], None] | None = None
+    ) -> FinishEvent:
+        """Submit and wait (blocking). The engine thread must be running."""
+        finished: list[FinishEvent] = []
+        done = threading.Event()
+
+        def emit(event: Event) -> None:
+            if isinstance(event, FinishEvent):
+                finished.append(event)
+                done.set()
+            elif on_event is not None:
+                on_event(event)
+
+        ticket = self.submit(request, emit)
+        try:
+            done.wait()
+        except BaseException:
+            ticket.cancel()
+            raise
+        return finished[0]
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[Event]:
+        """Submit and yield events; leaving the iteration early cancels the request."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+
+        def emit(event: Event) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        ticket = self.submit(request, emit)
+        finished = False
+        try:
+            while not finished:
+                event = await events.get()
+                finished = isinstance(event, FinishEvent)
+                yield event
+        finally:
+            if not finished:
+                ticket.cancel()
+
+    def _cancel(self, group: RequestGroup) -> None:
+        group.cancelled = True
+        self._inbox.put(_WAKE)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._groups or self._waiting)
+
+    # ------------------------------------------------------------ the loop
+
+    def _run(self) -> None:
+        while not self._stopping:
+            self._take_inbox(block=not self.busy)
+            if self._stopping:
+                break
+            try:
+                self.step()
+            except Exception:
+                log.exception("engine step failed; failing the requests in flight")
+                self._fail_all("internal error in the engine")
+        for group in [*self._groups, *self._waiting]:
+            group.cancelled = True
+        self._reap_cancelled()
+
+    def _take_inbox(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(block=block)
+            while True:
+                if isinstance(item, RequestGroup):
+                    self._waiting.append(item)
+                    self.stats.requests_submitted += 1
+                item = self._inbox.get_nowait()
+        except queue.Empty:
+            return
+
+    def step(self) -> bool:
+        """Advance every request by one decode. Returns False when there was nothing to do."""
+        self._take_inbox(block=False)
+        self._reap_cancelled()
+        self._admit()
+        running = [seq for group in self._groups for seq in group.sequences]
+        decoding = [seq for seq in running if seq.phase is Phase.DECODING]
+        prefilling = [seq for seq in running if seq.phase is Phase.PREFILL]
+        self.stats.active_sequences = len(decoding) + len(prefilling)
+        self.stats.waiting_requests = len(self._waiting)
+        if not decoding and not prefilling:
+            return False
+
+        batch = Batch()
+        planned = self._plan_decoding(batch, decoding)
+        planned += self._plan_prefill(batch, prefilling, busy=bool(decoding))
+        started = time.perf_counter()
+        try:
+            logits = self.backend.decode(batch)
+        except DecodeError as error:
+            self.stats.decode_errors += 1
+            log.error("decode failed", error=str(error), batch=len(batch))
+            for item in planned:
+                self._fail(item.seq.group, "the model could not decode this request")
+            return True
+        elapsed = time.perf_counter() - started
+        self.stats.decode_steps += 1
+        self.stats.decode_seconds += elapsed
+        self.stats.batch_tokens += len(batch)
+
+        row = 0
+        for item in planned:
+            seq = item.seq
+            self.slots.appended(seq.slot, item.tokens)
+            if seq.phase is Phase.PREFILL:
+                self.stats.prefill_tokens += len(item.tokens)
+                if seq.prompt_remaining > 0:
+                    self._store_prefix(seq)
+                    continue
+                self._prompt_ready(seq, logits[row])
+                row += 1
+            else:
+                rows = logits[row : row + len(item.tokens)]
+                row += len(item.tokens)
+                if item.draft is None:
+                    token, logprob = self._pick(seq, rows[0])
+                    self._commit(seq, [token], [logprob] if logprob else [])
+                else:
+                    self._verify(seq, item.draft, rows, elapsed)
+        self._settle_groups()
+        return True
+
+    # ------------------------------------------------------------ admission
+
+    def _admit(self) -> None:
+        while self._waiting and self.slots.free_count() >= self._waiting[0].request.n:
+            group = self._waiting.popleft()
+            self._start(group)
+            self._groups.append(group)
+
+    def _start(self, group: RequestGroup) -> None:
+        request = group.request
+        prompt = request.prompt_tokens
+        limit = len(prompt) - 1  # the last prompt token is decoded to get logits
+        match = self.slots.longest_prefix(prompt, limit)
+        slot = self.slots.acquire(prefer=match.slot if match else None)
+        if match is None:
+            self.slots.truncate(slot, 0)
+        elif match.slot is slot:
+            self.slots.truncate(slot, match.length)
+        else:
+            self.slots.copy(match.slot, slot, match.length)
+        reused = len(slot.tokens)
+        restored = self._restore_prefix(slot, prompt, reused, limit)
+        group.usage.prompt_tokens = len(prompt)
+        group.usage.cached_tokens = len(slot.tokens)
+        self.stats.prompt_tokens += len(prompt)
+        self.stats.reused_tokens += 0 if restored else reused
+        self.stats.restored_tokens += len(slot.tokens) if restored else 0
+        group.store_points = sorted(
+            {
+                point
+                for points in self.hook.reame_prefix_store_points(tokens=prompt, model=self.info)
+                for point in points
+                if len(slot.tokens) < point < len(prompt)
+            }
+        )
+        group.prefill_started = time.perf_counter()
+        seed = request.params.seed
+        if seed is None:
+            seed = secrets.randbits(63)
+        sampler = TokenSampler(request.params, eog=self.info.eog, history=prompt, seed=seed)
+        group.sequences.append(Sequence(group, 0, slot, sampler))
+        for candidate in range(1, request.n):
+            sibling_slot = self.slots.acquire()
+            fork = sampler.fork(seed + candidate)
+            group.sequences.append(Sequence(group, candidate, sibling_slot, fork))
+
+    def _restore_prefix(self, slot: Slot, prompt: Seq[int], reused: int, limit: int) -> bool:
+        hit = self.hook.reame_prefix_lookup(tokens=prompt, reused=reused, model=self.info)
+        if hit is None or hit.n_tokens <= reused or hit.n_tokens > len(prompt):
+            return False
+        if not self.slots.restore(slot, hit.state, prompt[: hit.n_tokens]):
+            log.warning("stored prefix was refused by the model", source=hit.source)
+            return False
+        self.slots.truncate(slot, min(hit.n_tokens, limit))
+        return len(slot.tokens) > reused
+
+    def _store_prefix(self, seq: Sequence) -> None:
+        points = seq.group.store_points
+        if points and points[0] == seq.n_kv:
+            points.pop(0)
+            state = self.slots.snapshot(seq.slot)
+            tokens = list(seq.prompt_tokens[: seq.n_kv])
+            self.hook.reame_prefix_store(tokens=tokens, state=state, model=self.info)
+
+    # ------------------------------------------------------------- planning
+
+    def _plan_decoding(self, batch: Batch, decoding: list[Sequence]) -> list[_Planned]:
+        drafts: dict[int, DraftProposal] = {}
+        if self._drafting and decoding:
+            # Leave a prefill chunk's worth of the batch to prompts waiting to start.
+            room = self.info.n_batch - (self.prefill_chunk if self._has_prefill() else 0)
+            requests = self.policy.requests(decoding, self.info.n_ctx_seq, room)
+            if requests:
+                proposals = [
+                    proposal
+                    for result in self.hook.reame_propose_drafts(requests=requests)
+                    if result
+                    for proposal in result
+                ]
+                drafts = self.policy.choose(requests, proposals)
+        planned = []
+        for seq in decoding:
+            draft = drafts.get(id(seq))
+            tokens = [seq.next_token, *draft.tokens] if draft else [seq.next_token]
+            for offset, token in enumerate(tokens):
+                batch.add(token, seq.n_kv + offset, seq.seq_id, True)
+            planned.append(_Planned(seq, tokens, draft))
+        return planned
+
+    def _has_prefill(self) -> bool:
+        return any(seq.phase is Phase.PREFILL for g in self._groups for seq in g.sequences)
+
+    def _plan_prefill(self, batch: Batch, prefilling: list[Sequence], busy: bool) -> list[_Planned]:
+        budget = self.info.n_batch - len(batch)
+        if busy:
+            budget = min(budget, self.prefill_chunk)
+        planned = []
+        for seq in prefilling:
+            if budget <= 0:
+                break
+            prompt = seq.prompt_tokens
+            start = seq.n_kv
+            end = min(len(prompt), start + budget)
+            points = seq.group.store_points
+            if points and start < points[0] < end:
+                end = points[0]
+            last = len(prompt) - 1
+            for position in range(start, end):
+                batch.add(prompt[position], position, seq.seq_id, position == last)
+            planned.append(_Planned(seq, list(prompt[start:end])))
+            budget -= end - start
+        return planned
+
+    # ------------------------------------------------------------- sampling
+
+    def _pick(
+        self, seq: Sequence, row: np.ndarray, pending: Seq[int] = ()
+    ) -> tuple[int, TokenLogprob | None]:
+        if self._constrained:
+            self.hook.reame_constrain_logits(seq=seq, pending=pending, logits=row)
+        sampler = seq.sampler
+        adjusted = sampler.adjust(row, pending)
+        if sampler.params.greedy:
+            token = int(np.argmax(adjusted))
+        else:
+            token = sampler.draw(sampler.probabilities(adjusted))
+        top = sampler.params.logprobs
+        # Log-probabilities are the model's own (raw logits), as OpenAI and llama-server report.
+        return token, (sampler.logprob(row, token, top) if top is not None else None)
+
+    def _prompt_ready(self, seq: Sequence, row: np.ndarray) -> None:
+        group = seq.group
+        group.prefill_done = time.perf_counter()
+        group.usage.prompt_ms = (group.prefill_done - group.prefill_started) * 1000
+        siblings = [s for s in group.sequences if s.phase is Phase.WAITING]
+        for sibling in siblings:
+            self.slots.copy(seq.slot, sibling.slot, seq.n_kv)
+        for candidate in [seq, *siblings]:
+            candidate.phase = Phase.DECODING
+            self.hook.reame_sequence_started(seq=candidate)
+            own_row = row if candidate is seq else np.array(row, copy=True)
+            token, logprob = self._pick(candidate, own_row)
+            self._commit(candidate, [token], [logprob] if logprob else [])
+
+    def _verify(
+        self, seq: Sequence, draft: DraftProposal, rows: np.ndarray, elapsed: float
+    ) -> None:
+        if self._constrained:
+            for i in range(len(rows)):
+                self.hook.reame_constrain_logits(seq=seq, pending=draft.tokens[:i], logits=rows[i])
+        verdict: Verification | None = self.hook.reame_verify_drafts(
+            seq=seq, draft=draft, logits=rows, sampler=seq.sampler
+        )
+        if verdict is None:  # no verifier registered: keep nothing, sample normally
+            verdict = Verification(0, (seq.sampler.sample(rows[0]),))
+        accepted = verdict.accepted
+        # KV now holds next_token + every draft; keep next_token + the accepted ones.
+        self.slots.rollback(seq.slot, seq.n_kv - len(draft.tokens) + accepted)
+        self.policy.record(draft, accepted)
+        stats = self.stats
+        stats.draft_proposed[draft.source] = stats.draft_proposed.get(draft.source, 0) + len(
+            draft.tokens
+        )
+        stats.draft_accepted[draft.source] = stats.draft_accepted.get(draft.source, 0) + accepted
+        usage = seq.group.usage
+        usage.draft_proposed[draft.source] = usage.draft_proposed.get(draft.source, 0) + len(
+            draft.tokens
+        )
+        usage.draft_accepted[draft.source] = usage.draft_accepted.get(draft.source, 0) + accepted
+        self.hook.reame_drafts_verified(
+            seq=seq, draft=draft, accepted=accepted, step_seconds=elapsed
+        )
+        logprobs: list[TokenLogprob] = []
+        top = seq.params.logprobs
+        if top is not None:
+            for i, token in enumerate(verdict.tokens):
+                logprobs.append(seq.sampler.logprob(rows[i], token, top))
+        self._commit(seq, list(verdict.tokens), logprobs)
+
+    # ----------------------------------------------------------- committing
+
+    def _commit(self, seq: Sequence, tokens: list[int], logprobs: list[TokenLogprob]) -> None:
+        params = seq.params
+        eog = self.info.eog
+        committed: list[int] = []
+        text = ""
+        reason: FinishReason | None = None
+        for token in tokens:
+            if token in eog and not params.ignore_eos:
+                reason = "stop"
+                break
+            committed.append(token)
+            seq.output.append(token)
+            seq.sampler.accept(token)
+            text += seq.text.push(self.backend.token_bytes(token))
+            if seq.text.stopped:
+                reason = "stop"
+                break
+            if len(seq.output) >= params.max_tokens or seq.n_kv + 1 >= self.info.n_ctx_seq:
+                reason = "length"
+                break
+        kept_logprobs = tuple(logprobs[: len(committed)])
+        for item in kept_logprobs:
+            seq.cumulative_logprob += item.logprob
+        if kept_logprobs:
+            seq.group.logprobs.setdefault(seq.candidate, []).extend(kept_logprobs)
+        self.stats.generated_tokens += len(committed)
+        if committed:
+            seq.next_token = committed[-1]
+            if self._committing:
+                self.hook.reame_tokens_committed(seq=seq, tokens=committed)
+        if reason is not None:
+            text += seq.text.finish()
+        if committed or text:
+            self._emit(seq.group, TokenEvent(seq.candidate, tuple(committed), text, kept_logprobs))
+        if reason is not None:
+            self._finish(seq, reason)
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        seq.phase = Phase.FINISHED
+        seq.finish_reason = reason
+        self.slots.release(seq.slot)
+        group = seq.group
+        group.usage.completion_tokens += len(seq.output)
+        if reason != "cancelled":
+            self.hook.reame_generation_finished(seq=seq, finish_reason=reason, text=seq.text.text)
+        if len(group.sequences) > 1 and not group.done and not group.stop_others:
+            selection = self.hook.reame_select_candidates(
+                request=group.request, candidates=self._views(group), final=False
+            )
+            if selection is not None and selection.stop_others:
+                group.stop_others = True
+                for other in group.sequences:
+                    if not other.finished:
+                        self._finish(other, "stop")
+
+    def _settle_groups(self) -> None:
+        for group in [g for g in self._groups if g.done]:
+            self._groups.remove(group)
+            self._complete(group)
+
+    def _complete(self, group: RequestGroup, error: str | None = None) -> None:
+        now = time.perf_counter()
+        if group.prefill_done:
+            group.usage.predicted_ms = (now - group.prefill_done) * 1000
+        chosen: tuple[int, ...] = tuple(range(len(group.sequences)))
+        if error is None and len(group.sequences) > 1:
+            selection = self.hook.reame_select_candidates(
+                request=group.request, candidates=self._views(group), final=True
+            )
+            if selection is not None:
+                chosen = selection.chosen
+        results = tuple(group.sequences[i].result() for i in chosen)
+        self.stats.requests_finished += 1
+        self._emit(group, FinishEvent(results, group.usage, error))
+
+    def _views(self, group: RequestGroup) -> list[CandidateView]:
+        return [
+            CandidateView(
+                s.candidate, tuple(s.output), s.text.text, s.finish_reason, s.cumulative_logprob
+            )
+            for s in group.sequences
+        ]
+
+    def _emit(self, group: RequestGroup, event: Event) -> None:
+        try:
+            group.emit(event)
+        except Exception as error:  # a vanished listener cancels its request, nothing more
+            log.warning(
+                "event listener failed; cancelling",
+                request=group.request.request_id,
+                error=str(error),
+            )
+            group.cancelled = True
+
+    # ------------------------------------------------------------- failures
+
+    def _reap_cancelled(self) -> None:
+        for group in [g for g in self._waiting if g.cancelled]:
+            self._waiting.remove(group)
+            self._complete(group)
+        for group in [g for g in self._groups if g.cancelled]:
+            for seq in group.sequences:
+                if not seq.finished:
+                    self._finish(seq, "cancelled")
+            self._groups.remove(group)
+            self._complete(group)
+
+    def _fail(self, group: RequestGroup, message: str) -> None:
+        if group not in self._groups:
+            return
+        for seq in group.sequences:
+            self.slots.truncate(seq.slot, 0)
+            if not seq.finished:
+                seq.phase = Phase.FINISHED
+                seq.finish_reason = "error"
+                self.slots.release(seq.slot)
+        self._groups.remove(group)
+        self._complete(group, error=message)
+
+    def _fail_all(self, message: str) -> None:
+        for group in list(self._groups):
+            self._fail(group, message)

@@ -1,0 +1,124 @@
+"""One candidate of one request, as it moves through the engine: the state it holds.
+
+A `Sequence` knows its prompt, what it has generated, how far its prompt is in the KV
+and the token it will feed next. It does not touch the backend: the engine does.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Mapping
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from typing import Any
+
+from reame_core.engine.sampler import TokenSampler
+from reame_core.engine.slots import Slot
+from reame_core.engine.textstream import TextStream
+from reame_core.request import (
+    CandidateResult,
+    Event,
+    FinishReason,
+    GenerationRequest,
+    SamplingParams,
+    TokenLogprob,
+    Usage,
+)
+
+
+class Phase(enum.Enum):
+    WAITING = "waiting"  # reserved a slot; its KV arrives with a clone from candidate 0
+    PREFILL = "prefill"
+    DECODING = "decoding"
+    FINISHED = "finished"
+
+
+class Sequence:
+    def __init__(
+        self,
+        group: RequestGroup,
+        candidate: int,
+        slot: Slot,
+        sampler: TokenSampler,
+    ) -> None:
+        self.group = group
+        self.candidate = candidate
+        self.slot = slot
+        self.sampler = sampler
+        self.phase = Phase.PREFILL if candidate == 0 else Phase.WAITING
+        self.output: list[int] = []
+        self.next_token = -1
+        self.text = TextStream(group.request.params.stop)
+        self.finish_reason: FinishReason | None = None
+        self.cumulative_logprob = 0.0
+
+    # --------------------------------------------------------- SequenceView
+
+    @property
+    def request_id(self) -> str:
+        return self.group.request.request_id
+
+    @property
+    def prompt_tokens(self) -> Seq[int]:
+        return self.group.request.prompt_tokens
+
+    @property
+    def output_tokens(self) -> Seq[int]:
+        return self.output
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.group.request.params
+
+    @property
+    def extensions(self) -> Mapping[str, Any]:
+        return self.group.request.extensions
+
+    # -------------------------------------------------------------- state
+
+    @property
+    def seq_id(self) -> int:
+        return self.slot.seq_id
+
+    @property
+    def n_kv(self) -> int:
+        """Tokens of this sequence already in the KV (the next position to decode)."""
+        return len(self.slot.tokens)
+
+    @property
+    def prompt_remaining(self) -> int:
+        return len(self.prompt_tokens) - self.n_kv
+
+    @property
+    def finished(self) -> bool:
+        return self.phase is Phase.FINISHED
+
+    def result(self) -> CandidateResult:
+        return CandidateResult(
+            self.candidate, self.text.text, tuple(self.output), self.finish_reason or "stop"
+        )
+
+    def __repr__(self) -> str:
+        return f"<Sequence {self.request_id}/{self.candidate} seq={self.seq_id} {self.phase.value}>"
+
+
+@dataclass
+class RequestGroup:
+    """A request in the engine: its candidates, its event sink and its accounting."""
+
+    request: GenerationRequest
+    emit: Callable[[Event], None]
+    submitted: float = field(default_factory=time.perf_counter)
+    sequences: list[Sequence] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    store_points: list[int] = field(default_factory=list)
+    prefill_started: float = 0.0
+    prefill_done: float = 0.0
+    cancelled: bool = False
+    stop_others: bool = False
+    logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return all(seq.finished for seq in self.sequences)

@@ -1,0 +1,122 @@
+"""The sequence slots of the context, and what each one's KV holds.
+
+`KVSlots` is the only code that changes a slot's KV through the backend, so its record of
+the tokens in each slot is always the truth. A slot whose sequence finished keeps its KV
+("resident"): a later request sharing a prefix with it reuses those cells instead of
+computing them again. Free slots are handed out least recently used first.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from reame_core.backend.base import Backend
+
+
+@dataclass
+class Slot:
+    seq_id: int
+    tokens: list[int] = field(default_factory=list)
+    busy: bool = False
+    last_used: int = 0
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    slot: Slot
+    length: int
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class KVSlots:
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self._trim_safe = backend.info.prefix_trim_safe
+        self.slots = [Slot(seq_id) for seq_id in range(backend.info.n_seq_max)]
+        self._clock = itertools.count(1)
+
+    # ---------------------------------------------------------------- queries
+
+    def free_count(self) -> int:
+        return sum(not slot.busy for slot in self.slots)
+
+    def longest_prefix(self, prompt: Sequence[int], limit: int) -> PrefixMatch | None:
+        """The slot whose KV shares the most leading tokens with `prompt` (at most `limit`).
+
+        On models whose state cannot be trimmed, only a slot whose whole KV is a prefix of
+        the prompt qualifies: it can be continued, not cut back.
+        """
+        best: PrefixMatch | None = None
+        for slot in self.slots:
+            length = min(common_prefix(slot.tokens, prompt), limit)
+            if not self._trim_safe and length != len(slot.tokens):
+                continue
+            if length > 0 and (best is None or length > best.length):
+                best = PrefixMatch(slot, length)
+        return best
+
+    def acquire(self, prefer: Slot | None = None) -> Slot:
+        """Take a free slot: `prefer` if free, else the least recently used."""
+        if prefer is not None and not prefer.busy:
+            slot = prefer
+        else:
+            slot = min((s for s in self.slots if not s.busy), key=lambda s: s.last_used)
+        slot.busy = True
+        slot.last_used = next(self._clock)
+        return slot
+
+    def release(self, slot: Slot) -> None:
+        """The slot's sequence is done; its KV stays resident for reuse."""
+        slot.busy = False
+        slot.last_used = next(self._clock)
+
+    # ---------------------------------------------------------- KV operations
+
+    def truncate(self, slot: Slot, length: int) -> None:
+        """Keep only the first `length` tokens of the slot's KV, to reuse them.
+
+        A state that cannot be trimmed (sliding window, recurrent) is cleared instead:
+        llama.cpp reports success there, but the next logits would be wrong.
+        """
+        if length >= len(slot.tokens):
+            return
+        if length == 0 or not self._trim_safe or not self._backend.seq_rm(slot.seq_id, length):
+            self._backend.seq_rm(slot.seq_id, -1, -1)
+            length = 0
+        del slot.tokens[length:]
+
+    def rollback(self, slot: Slot, length: int) -> None:
+        """Drop the rejected draft tokens decoded past `length` in the last step."""
+        if length < len(slot.tokens):
+            self._backend.seq_rm(slot.seq_id, length)
+            del slot.tokens[length:]
+
+    def copy(self, src: Slot, dst: Slot, length: int) -> None:
+        """Make `dst` hold the first `length` tokens of `src`."""
+        self._backend.seq_cp(src.seq_id, dst.seq_id)
+        dst.tokens = list(src.tokens)
+        self.truncate(dst, length)
+
+    def restore(self, slot: Slot, state: bytes, tokens: Sequence[int]) -> bool:
+        """Load a serialized state holding exactly `tokens` into the slot."""
+        if not self._backend.set_seq_state(slot.seq_id, state):
+            slot.tokens = []
+            return False
+        slot.tokens = list(tokens)
+        return True
+
+    def snapshot(self, slot: Slot) -> bytes:
+        return self._backend.get_seq_state(slot.seq_id)
+
+    def appended(self, slot: Slot, tokens: Sequence[int]) -> None:
+        """Record tokens the last decode wrote into the slot."""
+        slot.tokens.extend(tokens)

@@ -1,0 +1,200 @@
+"""Every hook Reame calls, documented in one place.
+
+Reame's own features are plugins that implement these hooks (see
+`reame_core.builtins`), registered exactly like third-party plugins, which are found
+through the ``reame`` entry-point group. A plugin is any module or object with
+functions named like the specs below, marked with ``reame_core.hookimpl``.
+
+Threading: every hook except the lifecycle ones runs on the engine thread, between two
+decode steps. Hooks must not block for long: each millisecond spent in a hook is a
+millisecond every running stream waits. Plugins that do I/O (a disk cache writing a
+snapshot) hand the work to their own thread.
+
+The groups follow a request through the engine:
+
+    lifecycle   reame_configure, reame_request_extensions, reame_check_request,
+                reame_sequence_started, reame_generation_finished, reame_shutdown
+    prefill     reame_prefix_lookup, reame_prefix_store_points, reame_prefix_store
+    drafting    reame_propose_drafts
+    verifying   reame_constrain_logits, reame_verify_drafts
+    accounting  reame_drafts_verified, reame_tokens_committed
+    selection   reame_select_candidates
+    reporting   reame_describe, reame_collect_stats
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from reame_core.engine.sampler import TokenSampler
+    from reame_core.hooktypes import (
+        CandidateView,
+        DraftProposal,
+        DraftRequest,
+        ModelInfo,
+        PrefixHit,
+        Selection,
+        SequenceView,
+        Verification,
+    )
+    from reame_core.request import GenerationRequest
+    from reame_core.settings import Settings
+
+PROJECT = "reame"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# ---------------------------------------------------------------- lifecycle
+
+
+@hookspec
+def reame_configure(settings: Settings, model: ModelInfo) -> None:
+    """Called once after the model is loaded, before the first request.
+
+    A plugin reads its own section with ``settings.plugin_section(name, Model)`` and
+    prepares its state (open a cache directory, build a tokenizer for grammars).
+    """
+
+
+@hookspec
+def reame_request_extensions() -> Mapping[str, str]:
+    """Name the request fields this plugin handles, with a one-line description.
+
+    The API accepts an extension field only if an enabled plugin claims it; any other
+    unknown field that would change the output is refused with a 400.
+    """
+
+
+@hookspec
+def reame_check_request(request: GenerationRequest, model: ModelInfo) -> None:
+    """Validate a request before it is queued; raise ``RequestError`` to refuse it."""
+
+
+@hookspec
+def reame_sequence_started(seq: SequenceView) -> None:
+    """A candidate sequence starts generating (its prompt is in the KV cache)."""
+
+
+@hookspec
+def reame_generation_finished(seq: SequenceView, finish_reason: str, text: str) -> None:
+    """A candidate sequence finished. Its tokens are final; the archive may keep them."""
+
+
+@hookspec
+def reame_shutdown() -> None:
+    """The engine is stopping: flush and close what the plugin holds."""
+
+
+# ------------------------------------------------------------------ prefill
+
+
+@hookspec(firstresult=True)
+def reame_prefix_lookup(tokens: Sequence[int], reused: int, model: ModelInfo) -> PrefixHit | None:
+    """Offer a stored KV state for a prompt that would otherwise be prefilled.
+
+    `reused` prompt tokens are already available from memory; return a hit only if it
+    covers more. The engine restores the state and, if the model allows trimming, cuts
+    it back to the shared length; a state whose tokens differ from the prompt's is a bug
+    in the plugin, so the hit's first `n_tokens` must equal ``tokens[:n_tokens]``.
+    """
+
+
+@hookspec
+def reame_prefix_store_points(tokens: Sequence[int], model: ModelInfo) -> Iterable[int]:
+    """Prompt lengths at which this plugin wants a KV snapshot of the prompt prefix.
+
+    The scheduler ends a prefill chunk at each point, then calls ``reame_prefix_store``.
+    """
+
+
+@hookspec
+def reame_prefix_store(tokens: Sequence[int], state: bytes, model: ModelInfo) -> None:
+    """A sequence's KV holds exactly `tokens`; `state` is its serialized state."""
+
+
+# ----------------------------------------------------------------- drafting
+
+
+@hookspec
+def reame_propose_drafts(requests: Sequence[DraftRequest]) -> Iterable[DraftProposal] | None:
+    """Propose continuations for some of the decoding sequences.
+
+    Called once per step with every sequence the speculation policy lets draft. A source
+    returns proposals for the sequences it has a guess for (at most ``max_tokens`` each)
+    and nothing for the rest. When several sources propose for one sequence, the policy
+    keeps one. Batch the work across sequences when that is cheaper (a draft model).
+    """
+
+
+# ---------------------------------------------------------------- verifying
+
+
+@hookspec
+def reame_constrain_logits(seq: SequenceView, pending: Sequence[int], logits: np.ndarray) -> None:
+    """Restrict the next token of `seq` by editing `logits` in place (e.g. -inf outside a
+    grammar). `pending` are tokens being verified that come before this position and are
+    not yet committed: constrain as if they were."""
+
+
+@hookspec(firstresult=True)
+def reame_verify_drafts(
+    seq: SequenceView, draft: DraftProposal, logits: np.ndarray, sampler: TokenSampler
+) -> Verification | None:
+    """Decide how much of `draft` the target model accepts.
+
+    `logits` has ``len(draft.tokens) + 1`` rows: row i is the target's prediction after
+    the sequence plus the first i draft tokens. The result must follow the target's
+    distribution exactly (greedy: the argmax; sampling: speculative rejection sampling).
+    The built-in implementation does both; a plugin may override it with ``tryfirst``.
+    """
+
+
+# --------------------------------------------------------------- accounting
+
+
+@hookspec
+def reame_drafts_verified(
+    seq: SequenceView, draft: DraftProposal, accepted: int, step_seconds: float
+) -> None:
+    """Outcome of one verified draft: how many tokens were accepted, and the wall time of
+    the step that verified it. Sources that mirror the sequence roll back here."""
+
+
+@hookspec
+def reame_tokens_committed(seq: SequenceView, tokens: Sequence[int]) -> None:
+    """Tokens were appended to `seq` for good (decoded, or accepted drafts)."""
+
+
+# ---------------------------------------------------------------- selection
+
+
+@hookspec(firstresult=True)
+def reame_select_candidates(
+    request: GenerationRequest, candidates: Sequence[CandidateView], final: bool
+) -> Selection | None:
+    """Choose which of a request's candidates to return.
+
+    Called each time a candidate finishes (`final` False: return a Selection with
+    ``stop_others`` to end the stragglers early, or None to wait) and once when all are
+    done (`final` True). The built-in default returns every candidate, in order.
+    """
+
+
+# ---------------------------------------------------------------- reporting
+
+
+@hookspec
+def reame_describe() -> str:
+    """One line saying what this plugin does in the running configuration."""
+
+
+@hookspec
+def reame_collect_stats() -> Mapping[str, Mapping[str, Any]] | None:
+    """Counters for metrics and the CLI, as ``{"group": {"counter": value}}``."""

@@ -1,0 +1,131 @@
+"""The values that cross the plugin boundary.
+
+Hook implementations receive and return these; they never receive the backend or the
+engine itself, so a plugin cannot reach around the engine thread that owns the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from reame_core.request import FinishReason, SamplingParams
+
+
+@dataclass(frozen=True)
+class FimTokens:
+    prefix: int
+    suffix: int
+    middle: int
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Facts about the loaded model that callers and plugins may rely on.
+
+    `fingerprint` changes whenever the bytes of a sequence's KV state would: file identity,
+    architecture, KV type and the context parameters that shape the state. A cache keyed on
+    it never serves one model's state to another.
+    `prefix_trim_safe` is False for sliding-window, recurrent and hybrid models: their
+    state cannot be cut back to a shorter prefix, only continued from its full length.
+    """
+
+    name: str
+    path: str
+    fingerprint: str
+    architecture: str
+    n_vocab: int
+    n_ctx_seq: int
+    n_seq_max: int
+    n_batch: int
+    bos: int | None
+    eos: int | None
+    eog: frozenset[int]
+    add_bos: bool
+    fim: FimTokens | None
+    chat_template: str | None
+    prefix_trim_safe: bool
+    kv_type: str = "f16"
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+class SequenceView(Protocol):
+    """A read-only look at one decoding sequence (one candidate of one request)."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def candidate(self) -> int: ...
+    @property
+    def prompt_tokens(self) -> Sequence[int]: ...
+    @property
+    def output_tokens(self) -> Sequence[int]: ...
+    @property
+    def params(self) -> SamplingParams: ...
+    @property
+    def extensions(self) -> Mapping[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    """The engine asks for at most `max_tokens` drafts continuing `seq`."""
+
+    seq: SequenceView
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class DraftProposal:
+    """Tokens a draft source guesses will follow `seq`, to be verified in one batch.
+
+    `probs` is None for deterministic sources (n-gram, grammar, archive: q is one-hot);
+    a sampling draft model passes the distribution each token was drawn from, one row
+    per token, so speculative sampling can keep the target's distribution exact.
+    """
+
+    seq: SequenceView
+    source: str
+    tokens: tuple[int, ...]
+    probs: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Outcome of checking a draft against the target: the first `accepted` draft tokens
+    were right, and `tokens` (accepted drafts plus one token sampled from the target)
+    are appended to the sequence."""
+
+    accepted: int
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PrefixHit:
+    """A stored KV state whose first `n_tokens` tokens equal the prompt's first ones."""
+
+    n_tokens: int
+    state: bytes
+    source: str
+
+
+@dataclass(frozen=True)
+class CandidateView:
+    """One candidate of a request with n > 1, as seen by candidate selection."""
+
+    candidate: int
+    tokens: tuple[int, ...]
+    text: str
+    finish_reason: FinishReason | None
+    cumulative_logprob: float
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which candidates to return, in order; `stop_others` ends the unfinished ones now."""
+
+    chosen: tuple[int, ...]
+    stop_others: bool = False

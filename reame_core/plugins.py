@@ -1,0 +1,113 @@
+"""Finding, registering and listing plugins.
+
+Reame's own features are registered first, from `BUILTIN_PLUGINS`, through the same hooks
+a third party uses; then every installed distribution's entry point in the ``reame``
+group is loaded. Any plugin, built-in or installed, can be disabled by name per
+deployment (``--disable-plugin NAME``, ``REAME_DISABLE_PLUGINS``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+import pluggy
+import structlog
+
+from reame_core import hookspecs
+
+log = structlog.get_logger(__name__)
+
+ENTRY_POINT_GROUP = "reame"
+BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
+    ("verification", "reame_core.builtins.verification"),
+    ("selection", "reame_core.builtins.selection"),
+)
+
+
+@dataclass(frozen=True)
+class PluginRecord:
+    name: str
+    distribution: str
+    version: str
+    enabled: bool
+    builtin: bool
+    hooks: tuple[str, ...] = ()
+    description: str = ""
+    error: str = ""
+
+
+class PluginHost:
+    """Owns the pluggy manager: what is registered, and the record of what was found."""
+
+    def __init__(self, disabled: Iterable[str] = (), *, discover: bool = True) -> None:
+        self.manager = pluggy.PluginManager(hookspecs.PROJECT)
+        self.manager.add_hookspecs(hookspecs)
+        self._disabled = set(disabled)
+        self._records: dict[str, PluginRecord] = {}
+        core = _distribution_of("reame_core")
+        for name, module_name in BUILTIN_PLUGINS:
+            if self._skip(name, core, builtin=True):
+                continue
+            self._register(importlib.import_module(module_name), name, core, builtin=True)
+        if discover:
+            for entry_point in metadata.entry_points(group=ENTRY_POINT_GROUP):
+                self._load(entry_point)
+
+    @property
+    def hook(self) -> Any:
+        return self.manager.hook
+
+    def register(self, plugin: object, name: str) -> None:
+        """Register a plugin object in-process (tests, embedding applications)."""
+        if self._skip(name, ("<in-process>", ""), builtin=False):
+            return
+        self._register(plugin, name, ("<in-process>", ""), builtin=False)
+
+    def records(self) -> list[PluginRecord]:
+        return list(self._records.values())
+
+    def has_implementations(self, hook_name: str) -> bool:
+        return bool(getattr(self.manager.hook, hook_name).get_hookimpls())
+
+    # ---------------------------------------------------------------- helpers
+
+    def _skip(self, name: str, dist: tuple[str, str], *, builtin: bool) -> bool:
+        if name not in self._disabled:
+            return False
+        self._records[name] = PluginRecord(name, dist[0], dist[1], False, builtin)
+        return True
+
+    def _register(self, plugin: object, name: str, dist: tuple[str, str], *, builtin: bool) -> None:
+        self.manager.register(plugin, name=name)
+        hooks = tuple(sorted(caller.name for caller in self.manager.get_hookcallers(plugin) or ()))
+        describe = getattr(plugin, "reame_describe", None)
+        description = describe() if callable(describe) else ""
+        self._records[name] = PluginRecord(
+            name, dist[0], dist[1], True, builtin, hooks, description
+        )
+
+    def _load(self, entry_point: metadata.EntryPoint) -> None:
+        name = entry_point.name
+        dist = entry_point.dist
+        info = (dist.name, dist.version) if dist is not None else ("?", "?")
+        if self._skip(name, info, builtin=False):
+            return
+        try:
+            plugin = entry_point.load()
+        except Exception as error:  # a broken plugin must not take the server down
+            log.error("plugin failed to load", plugin=name, error=str(error))
+            self._records[name] = PluginRecord(
+                name, info[0], info[1], False, False, error=f"{type(error).__name__}: {error}"
+            )
+            return
+        self._register(plugin, name, info, builtin=False)
+
+
+def _distribution_of(package: str) -> tuple[str, str]:
+    for dist_name in metadata.packages_distributions().get(package, []):
+        return dist_name, metadata.version(dist_name)
+    return "reame", "unknown"

@@ -1,0 +1,145 @@
+"""What a caller asks the engine for, and what the engine sends back.
+
+These are plain values shared by the CLI, the HTTP API, the engine and plugins. They hold
+no behaviour beyond validation; the engine owns everything that happens to a request.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from reame_core.errors import RequestError
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+_request_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each next token. Defaults are greedy decoding."""
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_last_n: int = 64
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        checks: list[tuple[str, bool, str]] = [
+            ("max_tokens", self.max_tokens >= 1, "must be at least 1"),
+            ("temperature", 0.0 <= self.temperature <= 5.0, "must be between 0 and 5"),
+            ("top_k", self.top_k >= 0, "must be 0 (off) or positive"),
+            ("top_p", 0.0 < self.top_p <= 1.0, "must be in (0, 1]"),
+            ("min_p", 0.0 <= self.min_p < 1.0, "must be in [0, 1)"),
+            ("repeat_penalty", 0.0 < self.repeat_penalty <= 10.0, "must be in (0, 10]"),
+            ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "must be in [-2, 2]"),
+            ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "must be in [-2, 2]"),
+            ("penalty_last_n", self.penalty_last_n >= 0, "must be 0 or positive"),
+            ("logprobs", self.logprobs is None or 0 <= self.logprobs <= 20, "must be in [0, 20]"),
+            ("stop", len(self.stop) <= 16 and all(self.stop), "at most 16 non-empty strings"),
+        ]
+        for name, ok, message in checks:
+            if not ok:
+                raise RequestError(f"'{name}' {message}.", param=name)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return (
+            self.repeat_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+
+@dataclass
+class GenerationRequest:
+    """One generation job: a tokenized prompt, how to sample, and how many candidates.
+
+    `n` candidates share one prefill; their KV is cloned, and candidate i samples with seed
+    `seed + i`. `extensions` carries fields that plugins registered through
+    `reame_request_extensions` (e.g. a grammar); the engine passes them through untouched.
+    """
+
+    prompt_tokens: Sequence[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    n: int = 1
+    extensions: Mapping[str, Any] = field(default_factory=dict)
+    request_id: str = field(default_factory=lambda: f"req-{next(_request_ids)}")
+
+    def __post_init__(self) -> None:
+        if not self.prompt_tokens:
+            raise RequestError("The prompt is empty.", param="prompt")
+        if self.n < 1:
+            raise RequestError("'n' must be at least 1.", param="n")
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """New output of one candidate: the tokens accepted this step and the text they completed.
+
+    `text` may be empty while bytes of a UTF-8 character or a possible stop string are held back.
+    """
+
+    candidate: int
+    tokens: tuple[int, ...]
+    text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    prompt_ms: float = 0.0
+    predicted_ms: float = 0.0
+    draft_proposed: dict[str, int] = field(default_factory=dict)
+    draft_accepted: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def computed_prompt_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+
+@dataclass(frozen=True)
+class CandidateResult:
+    candidate: int
+    text: str
+    tokens: tuple[int, ...]
+    finish_reason: FinishReason
+
+
+@dataclass(frozen=True)
+class FinishEvent:
+    """The request is over. `candidates` are those selected to return, in order."""
+
+    candidates: tuple[CandidateResult, ...]
+    usage: Usage
+    error: str | None = None
+
+
+Event = TokenEvent | FinishEvent

@@ -1,0 +1,124 @@
+"""Reame's settings: one model, read from defaults < TOML file < env ``REAME_*`` < CLI flags.
+
+No file is needed. The TOML file is ``--config PATH`` or ``REAME_CONFIG``; each plugin keeps
+its options in its own table (``[plugins.diskkv]``) and validates them with its own model
+through `Settings.plugin_section`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, Field, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+SectionT = TypeVar("SectionT", bound=BaseModel)
+
+_CONFIG_ENV = "REAME_CONFIG"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="REAME_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_default=True,
+    )
+
+    model: str = Field("smollm2-135m", description="Model alias or path to a .gguf file.")
+    threads: int | None = Field(None, ge=1, description="CPU threads; default: physical cores.")
+    ctx: int = Field(4096, ge=64, description="Context length of each sequence slot.")
+    parallel: int = Field(4, ge=1, le=64, description="Sequence slots decoded together.")
+    batch: int = Field(512, ge=16, description="Most tokens in one decode step (n_batch).")
+    prefill_chunk: int = Field(
+        128, ge=1, description="Most prompt tokens per step while other streams are decoding."
+    )
+    deterministic: bool = Field(
+        True,
+        description="Per-sequence KV and no flash attention: a request's tokens do not "
+        "depend on its batch neighbours or on cache hits.",
+    )
+    disable_plugins: list[str] = Field(default_factory=list)
+    plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    log_json: bool = False
+    log_prompts: bool = False
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+
+    @field_validator("disable_plugins", mode="before")
+    @classmethod
+    def _split_names(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [name.strip() for name in value.split(",") if name.strip()]
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = os.environ.get(_CONFIG_ENV)
+        if config_file:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config_file)))
+        return tuple(sources)
+
+    @classmethod
+    def load(cls, config_file: str | Path | None = None, **overrides: Any) -> Settings:
+        """Build settings; `overrides` (CLI flags) win, None values are ignored."""
+        flags = {key: value for key, value in overrides.items() if value is not None}
+        if config_file is None:
+            return cls(**flags)
+        previous = os.environ.get(_CONFIG_ENV)
+        os.environ[_CONFIG_ENV] = str(config_file)
+        try:
+            return cls(**flags)
+        finally:
+            if previous is None:
+                del os.environ[_CONFIG_ENV]
+            else:
+                os.environ[_CONFIG_ENV] = previous
+
+    def plugin_section(self, name: str, model: type[SectionT]) -> SectionT:
+        """This plugin's own settings, validated by the plugin's model."""
+        return model.model_validate(self.plugins.get(name, {}))
+
+    def plugin_enabled(self, name: str) -> bool:
+        return name not in self.disable_plugins
+
+    @property
+    def n_threads(self) -> int:
+        return self.threads or physical_cores()
+
+
+def physical_cores() -> int:
+    """Physical cores, not hyper-threads: llama.cpp decode gains nothing from SMT siblings."""
+    cores: set[tuple[str, str]] = set()
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return max(1, (os.cpu_count() or 2) // 2)
+    physical_id = core_id = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "physical id":
+            physical_id = value.strip()
+        elif key == "core id":
+            core_id = value.strip()
+            cores.add((physical_id, core_id))
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    count = len(cores) or (os.cpu_count() or 1)
+    return max(1, min(count, available) if available else count)
