@@ -7,13 +7,15 @@ through `Settings.plugin_section`.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -45,7 +47,7 @@ class Settings(BaseSettings):
         description="Per-sequence KV and no flash attention: a request's tokens do not "
         "depend on its batch neighbours or on cache hits.",
     )
-    disable_plugins: list[str] = Field(default_factory=list)
+    disable_plugins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
     log_json: bool = False
     log_prompts: bool = False
@@ -57,6 +59,8 @@ class Settings(BaseSettings):
     @classmethod
     def _split_names(cls, value: Any) -> Any:
         if isinstance(value, str):
+            if value.lstrip().startswith("["):
+                return json.loads(value)
             return [name.strip() for name in value.split(",") if name.strip()]
         return value
 

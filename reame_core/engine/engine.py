@@ -142,6 +142,10 @@ class Engine:
         n_prompt = len(request.prompt_tokens)
         if any(not 0 <= t < info.n_vocab for t in request.prompt_tokens):
             raise RequestError(f"Token ids must be in [0, {info.n_vocab}).", param="prompt")
+        if any(not 0 <= t < info.n_vocab for t in request.params.logit_bias):
+            raise RequestError(
+                f"logit_bias keys must be token ids in [0, {info.n_vocab}).", param="logit_bias"
+            )
         if n_prompt + request.params.max_tokens > info.n_ctx_seq:
             raise ContextOverflowError(
                 f"This model's context per sequence is {info.n_ctx_seq} tokens; the prompt "
@@ -578,6 +582,7 @@ class Engine:
             if not seq.finished:
                 seq.phase = Phase.FINISHED
                 seq.finish_reason = "error"
+                group.usage.completion_tokens += len(seq.output)
                 self.slots.release(seq.slot)
         self._groups.remove(group)
         self._complete(group, error=message)

@@ -109,6 +109,7 @@ class KVSlots:
     def restore(self, slot: Slot, state: bytes, tokens: Sequence[int]) -> bool:
         """Load a serialized state holding exactly `tokens` into the slot."""
         if not self._backend.set_seq_state(slot.seq_id, state):
+            self._backend.seq_rm(slot.seq_id, -1, -1)
             slot.tokens = []
             return False
         slot.tokens = list(tokens)

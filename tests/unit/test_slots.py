@@ -1,0 +1,216 @@
+"""KVSlots: which slot a prompt reuses, and that a slot's tokens always equal its KV."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from reame_core.backend.base import Batch
+from reame_core.backend.fake import FakeBackend
+from reame_core.engine.slots import KVSlots, Slot
+
+
+@pytest.fixture
+def backend() -> FakeBackend:
+    return FakeBackend(n_seq_max=3)
+
+
+@pytest.fixture
+def slots(backend: FakeBackend) -> KVSlots:
+    return KVSlots(backend)
+
+
+def fill(backend: FakeBackend, slots: KVSlots, slot: Slot, tokens: Sequence[int]) -> None:
+    """Decode `tokens` after what the slot holds, as the engine does."""
+    batch = Batch()
+    for offset, token in enumerate(tokens):
+        batch.add(token, len(slot.tokens) + offset, slot.seq_id, False)
+    backend.decode(batch)
+    slots.appended(slot, tokens)
+
+
+def assert_in_step(backend: FakeBackend, slots: KVSlots) -> None:
+    for slot in slots.slots:
+        assert slot.tokens == backend.kv[slot.seq_id], f"slot {slot.seq_id}"
+
+
+# ------------------------------------------------------------------ prefix matching
+
+
+def test_longest_prefix_picks_the_slot_sharing_most_leading_tokens(
+    backend: FakeBackend, slots: KVSlots
+) -> None:
+    first, second, _ = slots.slots
+    fill(backend, slots, first, [1, 2, 9, 9])
+    fill(backend, slots, second, [1, 2, 3, 9])
+
+    match = slots.longest_prefix([1, 2, 3, 4, 5], limit=4)
+
+    assert match is not None
+    assert (match.slot, match.length) == (second, 3)
+
+
+def test_longest_prefix_is_capped_at_the_limit(backend: FakeBackend, slots: KVSlots) -> None:
+    fill(backend, slots, slots.slots[0], [1, 2, 3, 4])
+
+    match = slots.longest_prefix([1, 2, 3, 4], limit=3)
+
+    assert match is not None and match.length == 3
+
+
+def test_longest_prefix_is_none_when_no_slot_shares_a_token(
+    backend: FakeBackend, slots: KVSlots
+) -> None:
+    fill(backend, slots, slots.slots[0], [7, 8])
+
+    assert slots.longest_prefix([1, 2, 3], limit=2) is None
+
+
+# ------------------------------------------------------------------------ acquiring
+
+
+def test_acquire_takes_the_preferred_slot_when_it_is_free(slots: KVSlots) -> None:
+    preferred = slots.slots[2]
+
+    assert slots.acquire(prefer=preferred) is preferred
+    assert preferred.busy
+
+
+def test_acquire_takes_the_least_recently_used_slot_when_preferred_is_busy(
+    slots: KVSlots,
+) -> None:
+    first, second, third = (slots.acquire() for _ in range(3))
+    slots.release(second)
+    slots.release(first)
+    slots.release(third)
+    slots.acquire(prefer=third)
+
+    assert slots.acquire(prefer=third) is second
+    assert slots.acquire() is first
+
+
+def test_released_slot_keeps_its_kv_resident(backend: FakeBackend, slots: KVSlots) -> None:
+    slot = slots.acquire()
+    fill(backend, slots, slot, [1, 2, 3])
+
+    slots.release(slot)
+
+    assert not slot.busy
+    assert slot.tokens == backend.kv[slot.seq_id] == [1, 2, 3]
+    assert slots.free_count() == 3
+
+
+# --------------------------------------------------------------------- KV operations
+
+
+def test_truncate_keeps_the_first_tokens_in_step_with_the_kv(
+    backend: FakeBackend, slots: KVSlots
+) -> None:
+    slot = slots.slots[0]
+    fill(backend, slots, slot, [1, 2, 3, 4])
+
+    slots.truncate(slot, 2)
+
+    assert slot.tokens == [1, 2]
+    assert_in_step(backend, slots)
+
+
+def test_truncate_to_zero_empties_the_slot(backend: FakeBackend, slots: KVSlots) -> None:
+    slot = slots.slots[0]
+    fill(backend, slots, slot, [1, 2, 3, 4])
+
+    slots.truncate(slot, 0)
+
+    assert slot.tokens == []
+    assert_in_step(backend, slots)
+
+
+def test_copy_gives_the_destination_the_source_prefix(backend: FakeBackend, slots: KVSlots) -> None:
+    source, destination, _ = slots.slots
+    fill(backend, slots, source, [1, 2, 3, 4])
+    fill(backend, slots, destination, [9, 9])
+
+    slots.copy(source, destination, 3)
+
+    assert destination.tokens == [1, 2, 3]
+    assert source.tokens == [1, 2, 3, 4]
+    assert_in_step(backend, slots)
+
+
+def test_restore_loads_a_snapshot_into_another_slot(backend: FakeBackend, slots: KVSlots) -> None:
+    source, destination, _ = slots.slots
+    fill(backend, slots, source, [1, 2, 3])
+    fill(backend, slots, destination, [9])
+
+    assert slots.restore(destination, slots.snapshot(source), [1, 2, 3])
+
+    assert destination.tokens == [1, 2, 3]
+    assert_in_step(backend, slots)
+
+
+def test_refused_restore_leaves_the_slot_empty_in_step_with_the_kv(
+    backend: FakeBackend, slots: KVSlots
+) -> None:
+    slot = slots.slots[0]
+    fill(backend, slots, slot, [1, 2, 3])
+
+    assert not slots.restore(slot, b"not a state", [4, 5, 6])
+
+    assert slot.tokens == []
+    assert_in_step(backend, slots)
+
+
+def test_rollback_drops_the_tokens_decoded_past_the_kept_length(
+    backend: FakeBackend, slots: KVSlots
+) -> None:
+    slot = slots.slots[0]
+    fill(backend, slots, slot, [1, 2, 3])
+    fill(backend, slots, slot, [4, 5, 6])
+
+    slots.rollback(slot, 4)
+
+    assert slot.tokens == [1, 2, 3, 4]
+    assert_in_step(backend, slots)
+
+
+# ------------------------------------------------------------- untrimmable models
+
+
+@pytest.fixture
+def untrimmable() -> FakeBackend:
+    return FakeBackend(n_seq_max=2, prefix_trim_safe=False)
+
+
+def test_truncate_on_an_untrimmable_model_clears_the_slot(untrimmable: FakeBackend) -> None:
+    slots = KVSlots(untrimmable)
+    slot = slots.slots[0]
+    fill(untrimmable, slots, slot, [1, 2, 3, 4])
+
+    slots.truncate(slot, 2)
+
+    assert slot.tokens == []
+    assert_in_step(untrimmable, slots)
+
+
+def test_longest_prefix_on_an_untrimmable_model_needs_the_whole_slot_to_prefix_the_prompt(
+    untrimmable: FakeBackend,
+) -> None:
+    slots = KVSlots(untrimmable)
+    partly_shared, whole_prefix = slots.slots
+    fill(untrimmable, slots, partly_shared, [1, 2, 3, 9])
+    fill(untrimmable, slots, whole_prefix, [1, 2])
+
+    match = slots.longest_prefix([1, 2, 3, 4, 5], limit=4)
+
+    assert match is not None
+    assert (match.slot, match.length) == (whole_prefix, 2)
+
+
+def test_longest_prefix_on_an_untrimmable_model_skips_a_slot_cut_by_the_limit(
+    untrimmable: FakeBackend,
+) -> None:
+    slots = KVSlots(untrimmable)
+    fill(untrimmable, slots, slots.slots[0], [1, 2, 3])
+
+    assert slots.longest_prefix([1, 2, 3], limit=2) is None
