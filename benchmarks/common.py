@@ -1,0 +1,59 @@
+"""Shared pieces of the benchmarks: host facts, isolated measurements, reports.
+
+Every measurement runs in a fresh child process. Two ways of driving llama.cpp in one
+process interfere (each calling thread gets its own OpenMP team, and on a 2-core host the
+idle team's spinning workers steal cycles), so A and B must not share a process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def host_description() -> str:
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in lscpu.splitlines()
+            if line.startswith("Model name")
+        ),
+        platform.processor() or platform.machine(),
+    )
+    return f"{model}, {len(os.sched_getaffinity(0))} cores, {platform.machine()}"
+
+
+def measure(script: str, *args: str) -> dict[str, Any]:
+    """Run `script --child ARGS` in a fresh interpreter; it prints one JSON line last."""
+    completed = subprocess.run(
+        [sys.executable, script, "--child", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if completed.returncode != 0:
+        raise RuntimeError(f"measurement {args} failed:\n{completed.stderr[-2000:]}")
+    return dict(json.loads(completed.stdout.strip().splitlines()[-1]))
+
+
+def median_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> float:
+    return statistics.median(n / d for n, d in zip(numerators, denominators, strict=True))
+
+
+def write_report(name: str, report: dict[str, Any]) -> Path:
+    report = {"date": time.strftime("%Y-%m-%d"), "host": host_description(), **report}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return path
