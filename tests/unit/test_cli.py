@@ -1,0 +1,173 @@
+"""The `reame` command on the fake backend: argument handling, one-shot runs, the REPL."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from typing import TextIO
+
+import pytest
+from rich.console import Console
+
+from reame_core.backend.fake import FakeBackend
+from reame_core.cli import main as cli_main
+from reame_core.cli import run as cli_run
+from reame_core.cli.plugins import plugins_command
+from reame_core.plugins import PluginHost
+from reame_core.request import SamplingParams
+from reame_core.runtime import Runtime, start_runtime
+from reame_core.settings import Settings
+
+
+class _Stdin(io.StringIO):
+    def __init__(self, text: str, tty: bool) -> None:
+        super().__init__(text)
+        self._tty = tty
+
+    def isatty(self) -> bool:
+        return self._tty
+
+
+@pytest.fixture
+def fake_runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Runtime]]:
+    """Make `reame run` start on the fake backend; yields the runtimes it started."""
+    started: list[Runtime] = []
+
+    def start(settings: Settings) -> Runtime:
+        runtime = start_runtime(settings, backend=FakeBackend(), plugins=PluginHost(discover=False))
+        started.append(runtime)
+        return runtime
+
+    monkeypatch.setattr(cli_run, "start_runtime", start)
+    yield started
+
+
+@pytest.mark.parametrize(
+    ("words", "model", "prompt"),
+    [
+        (["hello", "there"], None, "hello there"),
+        (["smollm2-135m", "hello"], "smollm2-135m", "hello"),
+        (["./models/x.gguf"], "./models/x.gguf", ""),
+        ([], None, ""),
+    ],
+)
+def test_first_word_is_a_model_only_if_it_names_one(
+    words: list[str], model: str | None, prompt: str
+) -> None:
+    assert cli_main.split_model_and_prompt(words) == (model, prompt)
+
+
+def test_one_shot_prints_the_answer_and_exits_zero(
+    fake_runtime: list[Runtime],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr("sys.stdin", _Stdin("", tty=True))
+    assert cli_main.main(["run", "hello", "--max-tokens", "6"]) == 0
+    out = capsys.readouterr().out
+    assert out.endswith("\n") and out.strip()
+    assert not fake_runtime[0].engine.busy
+
+
+def test_piped_stdin_goes_before_the_prompt(
+    fake_runtime: list[Runtime], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sys.stdin", _Stdin("the document\n", tty=False))
+    asked: list[str] = []
+    original_reply = cli_run.reply
+
+    def reply(runtime: Runtime, conversation: cli_run.Conversation, out: TextIO) -> str:
+        asked.append(conversation.messages[-1]["content"])
+        return original_reply(runtime, conversation, out)
+
+    monkeypatch.setattr(cli_run, "reply", reply)
+    assert cli_main.main(["run", "Summarize:", "--max-tokens", "4"]) == 0
+    assert asked == ["the document\n\nSummarize:"]
+
+
+def test_empty_piped_input_without_prompt_is_an_error(
+    fake_runtime: list[Runtime],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr("sys.stdin", _Stdin("  \n", tty=False))
+    assert cli_main.main(["run", "--max-tokens", "4"]) == 1
+    assert "empty prompt" in capsys.readouterr().err
+
+
+def test_unknown_model_file_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.stdin", _Stdin("", tty=True))
+    assert cli_main.main(["run", "no-such-model.gguf", "hi"]) == 1
+    assert "no-such-model.gguf" in capsys.readouterr().err
+
+
+def test_invalid_flag_values_are_reported_not_raised(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main.main(["plugins", "--parallel", "0"]) == 2
+    assert "parallel" in capsys.readouterr().err
+
+
+def test_flags_win_over_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REAME_PARALLEL", "3")
+    monkeypatch.setenv("REAME_CTX", "512")
+    args = cli_main.build_parser().parse_args(["serve", "--parallel", "6"])
+    settings = cli_main.settings_from(args, model=None)
+    assert settings.parallel == 6
+    assert settings.ctx == 512
+
+
+def test_repl_keeps_the_conversation_and_reuses_its_kv(fake_runtime: list[Runtime]) -> None:
+    runtime = start_runtime(Settings(), backend=FakeBackend(), plugins=PluginHost(discover=False))
+    try:
+        lines = iter(["first question", "second question", "/bye"])
+        out = io.StringIO()
+        conversation = cli_run.Conversation(SamplingParams(max_tokens=5))
+        assert cli_run.repl(runtime, conversation, lambda _: next(lines), out) == 0
+        assert [m["role"] for m in conversation.messages] == [
+            "user",
+            "assistant",
+            "user",
+            "assistant",
+        ]
+        assert runtime.engine.stats.reused_tokens > 0
+    finally:
+        runtime.close()
+
+
+def test_repl_commands_change_settings_and_clear(fake_runtime: list[Runtime]) -> None:
+    conversation = cli_run.Conversation(SamplingParams(max_tokens=5))
+    conversation.messages.append({"role": "user", "content": "x"})
+    out = io.StringIO()
+    assert not cli_run.command("/set temperature 0.4", conversation, out)
+    assert not cli_run.command("/set system Be brief.", conversation, out)
+    assert not cli_run.command("/set nonsense 1", conversation, out)
+    assert not cli_run.command("/clear", conversation, out)
+    assert cli_run.command("/bye", conversation, out)
+    assert conversation.params.temperature == 0.4
+    assert conversation.system == "Be brief."
+    assert conversation.messages == []
+    assert "unknown setting" in out.getvalue()
+
+
+def test_repl_ends_on_end_of_input(fake_runtime: list[Runtime]) -> None:
+    runtime = start_runtime(Settings(), backend=FakeBackend(), plugins=PluginHost(discover=False))
+    try:
+
+        def read(_: str) -> str:
+            raise EOFError
+
+        conversation = cli_run.Conversation(SamplingParams(max_tokens=5))
+        assert cli_run.repl(runtime, conversation, read, io.StringIO()) == 0
+    finally:
+        runtime.close()
+
+
+def test_plugins_command_lists_builtins_and_installed_plugins() -> None:
+    buffer = io.StringIO()
+    plugins_command(Settings(disable_plugins=["palimpsest"]), Console(file=buffer, width=200))
+    table = buffer.getvalue()
+    for name in ("verification", "selection", "diskkv", "suggeritore", "conclave"):
+        assert name in table
+    palimpsest_row = next(line for line in table.splitlines() if "palimpsest" in line)
+    assert "disabled" in palimpsest_row
