@@ -1,0 +1,3 @@
+"""Reame: LLM inference on cheap CPUs, on llama.cpp. Never compute the same thing twice."""
+
+__version__ = "0.1.0"

@@ -73,7 +73,8 @@ class GenerationRequest:
     """One generation job: a tokenized prompt, how to sample, and how many candidates.
 
     `n` candidates share one prefill; their KV is cloned, and candidate i samples with seed
-    `seed + i`. `extensions` carries fields that plugins registered through
+    `seed + i`. A `session_id` keeps the conversation's KV pinned in its slot between
+    turns. `extensions` carries fields that plugins registered through
     `reame_request_extensions` (e.g. a grammar); the engine passes them through untouched.
     """
 
@@ -81,6 +82,7 @@ class GenerationRequest:
     params: SamplingParams = field(default_factory=SamplingParams)
     n: int = 1
     extensions: Mapping[str, Any] = field(default_factory=dict)
+    session_id: str | None = None
     request_id: str = field(default_factory=lambda: f"req-{next(_request_ids)}")
 
     def __post_init__(self) -> None:

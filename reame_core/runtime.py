@@ -52,7 +52,12 @@ def start_runtime(
     plugins = plugins or PluginHost(settings.disable_plugins)
     backend = backend or load_backend(settings)
     plugins.hook.reame_configure(settings=settings, model=backend.info)
-    engine = Engine(backend, plugins, prefill_chunk=settings.prefill_chunk).start()
+    engine = Engine(
+        backend,
+        plugins,
+        prefill_chunk=settings.prefill_chunk,
+        max_sessions=settings.max_sessions,
+    ).start()
     log.info(
         "engine ready",
         model=backend.info.name,

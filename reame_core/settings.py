@@ -54,8 +54,20 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Bearer keys the API accepts (none: open API)."
+    )
+    api_key_file: Path | None = Field(None, description="File with one API key per line.")
+    max_queue: int = Field(64, ge=0, description="Requests waiting beyond the busy slots.")
+    max_body_bytes: int = Field(8 << 20, ge=1024, description="Largest request body accepted.")
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Origins allowed by CORS (none: CORS off)."
+    )
+    max_sessions: int | None = Field(
+        None, ge=0, description="Sessions whose KV stays pinned (default: half the slots)."
+    )
 
-    @field_validator("disable_plugins", mode="before")
+    @field_validator("disable_plugins", "api_keys", "cors_origins", mode="before")
     @classmethod
     def _split_names(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -94,6 +106,16 @@ class Settings(BaseSettings):
                 del os.environ[_CONFIG_ENV]
             else:
                 os.environ[_CONFIG_ENV] = previous
+
+    def all_api_keys(self) -> list[str]:
+        """Keys from settings and from `api_key_file` (blank lines and # comments skipped)."""
+        keys = list(self.api_keys)
+        if self.api_key_file is not None:
+            for line in self.api_key_file.read_text().splitlines():
+                line = line.strip()
+                if line and not line.startswith("#"):
+                    keys.append(line)
+        return keys
 
     def plugin_section(self, name: str, model: type[SectionT]) -> SectionT:
         """This plugin's own settings, validated by the plugin's model."""

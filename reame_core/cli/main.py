@@ -76,6 +76,26 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("model", nargs="?", help=f"model (default {DEFAULT_MODEL})")
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 8080)")
+    serve.add_argument(
+        "--api-key",
+        action="append",
+        dest="api_keys",
+        metavar="KEY",
+        help="accept this bearer key (repeatable; also REAME_API_KEYS=k1,k2)",
+    )
+    serve.add_argument("--api-key-file", help="file with one accepted key per line")
+    serve.add_argument(
+        "--max-queue", type=int, help="requests waiting beyond busy slots (429 past it)"
+    )
+    serve.add_argument("--max-body-bytes", type=int, help="largest request body (413 past it)")
+    serve.add_argument(
+        "--cors-origin",
+        action="append",
+        dest="cors_origins",
+        metavar="ORIGIN",
+        help="allow this origin (repeatable; default: CORS off)",
+    )
+    serve.add_argument("--max-sessions", type=int, help="conversations whose KV stays pinned")
     _engine_flags(serve)
 
     plugins = commands.add_parser("plugins", help="list plugins and the hooks they implement")
@@ -85,18 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def settings_from(args: argparse.Namespace, **extra: Any) -> Settings:
     fields = (
-        "threads",
-        "ctx",
-        "parallel",
-        "batch",
-        "deterministic",
-        "disable_plugins",
-        "log_json",
-        "log_prompts",
-        "log_level",
-        "host",
-        "port",
-    )
+        "threads", "ctx", "parallel", "batch", "deterministic", "disable_plugins",
+        "log_json", "log_prompts", "log_level", "host", "port", "api_keys", "api_key_file",
+        "max_queue", "max_body_bytes", "cors_origins", "max_sessions",
+    )  # fmt: skip
     overrides = {name: getattr(args, name, None) for name in fields}
     overrides.update(extra)
     return Settings.load(getattr(args, "config", None), **overrides)

@@ -10,6 +10,7 @@ the events it emits; nothing outside this thread touches the backend.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import secrets
 import threading
@@ -95,12 +96,13 @@ class Engine:
         *,
         prefill_chunk: int = 128,
         draft_max: int = 8,
+        max_sessions: int | None = None,
     ) -> None:
         self.backend = backend
         self.info = backend.info
         self.plugins = plugins or PluginHost(discover=False)
         self.hook = self.plugins.hook
-        self.slots = KVSlots(backend)
+        self.slots = KVSlots(backend, max_sessions)
         self.prefill_chunk = prefill_chunk
         self.policy = DraftPolicy(draft_max)
         self.stats = EngineStats()
@@ -216,9 +218,11 @@ class Engine:
                 break
             try:
                 self.step()
-            except Exception:
-                log.exception("engine step failed; failing the requests in flight")
-                self._fail_all("internal error in the engine")
+            except Exception as error:
+                # Whatever went wrong, the thread must live on: every request depends on it.
+                with contextlib.suppress(Exception):
+                    log.exception("engine step failed; failing the requests in flight")
+                self._fail_all(f"internal error in the engine ({type(error).__name__})")
         for group in [*self._groups, *self._waiting]:
             group.cancelled = True
         self._reap_cancelled()
@@ -298,8 +302,9 @@ class Engine:
         request = group.request
         prompt = request.prompt_tokens
         limit = len(prompt) - 1  # the last prompt token is decoded to get logits
+        session = request.session_id
         match = self.slots.longest_prefix(prompt, limit)
-        slot = self.slots.acquire(prefer=match.slot if match else None)
+        slot = self.slots.acquire(prefer=match.slot if match else None, session=session)
         if match is None:
             self.slots.truncate(slot, 0)
         elif match.slot is slot:
@@ -507,8 +512,9 @@ class Engine:
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         seq.phase = Phase.FINISHED
         seq.finish_reason = reason
-        self.slots.release(seq.slot)
         group = seq.group
+        pin = group.request.session_id if seq.candidate == 0 else None
+        self.slots.release(seq.slot, session=pin)
         group.usage.completion_tokens += len(seq.output)
         if reason != "cancelled":
             self.hook.reame_generation_finished(seq=seq, finish_reason=reason, text=seq.text.text)

@@ -4,6 +4,10 @@
 the tokens in each slot is always the truth. A slot whose sequence finished keeps its KV
 ("resident"): a later request sharing a prefix with it reuses those cells instead of
 computing them again. Free slots are handed out least recently used first.
+
+A slot can be pinned to a session (a client's conversation id): other requests copy from
+it instead of taking it, and it is handed out only when no unpinned slot is free. At most
+`max_sessions` slots are pinned; pinning one more unpins the least recently used.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ class Slot:
     tokens: list[int] = field(default_factory=list)
     busy: bool = False
     last_used: int = 0
+    session: str | None = None
 
 
 @dataclass(frozen=True)
@@ -38,10 +43,11 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class KVSlots:
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, max_sessions: int | None = None) -> None:
         self._backend = backend
         self._trim_safe = backend.info.prefix_trim_safe
         self.slots = [Slot(seq_id) for seq_id in range(backend.info.n_seq_max)]
+        self.max_sessions = len(self.slots) // 2 if max_sessions is None else max_sessions
         self._clock = itertools.count(1)
 
     # ---------------------------------------------------------------- queries
@@ -64,20 +70,39 @@ class KVSlots:
                 best = PrefixMatch(slot, length)
         return best
 
-    def acquire(self, prefer: Slot | None = None) -> Slot:
-        """Take a free slot: `prefer` if free, else the least recently used."""
-        if prefer is not None and not prefer.busy:
+    def may_take(self, slot: Slot, session: str | None) -> bool:
+        """Whether a request of `session` may take `slot` over (not merely copy from it)."""
+        return not slot.busy and slot.session in (None, session)
+
+    def acquire(self, prefer: Slot | None = None, session: str | None = None) -> Slot:
+        """Take a free slot: `prefer` if allowed, else the least recently used unpinned one
+        (a pinned one, unpinning it, only when every free slot is pinned)."""
+        if prefer is not None and self.may_take(prefer, session):
             slot = prefer
         else:
-            slot = min((s for s in self.slots if not s.busy), key=lambda s: s.last_used)
+            free = [s for s in self.slots if not s.busy]
+            slot = min(free, key=lambda s: (s.session is not None, s.last_used))
         slot.busy = True
+        slot.session = None
         slot.last_used = next(self._clock)
         return slot
 
-    def release(self, slot: Slot) -> None:
-        """The slot's sequence is done; its KV stays resident for reuse."""
+    def release(self, slot: Slot, session: str | None = None) -> None:
+        """The slot's sequence is done; its KV stays resident for reuse, pinned to
+        `session` if given."""
         slot.busy = False
         slot.last_used = next(self._clock)
+        if session is None or self.max_sessions == 0:
+            return
+        for other in self.slots:
+            if other.session == session:
+                other.session = None
+        slot.session = session
+        pinned = [s for s in self.slots if s.session is not None]
+        while len(pinned) > self.max_sessions:
+            oldest = min(pinned, key=lambda s: s.last_used)
+            oldest.session = None
+            pinned.remove(oldest)
 
     # ---------------------------------------------------------- KV operations
 

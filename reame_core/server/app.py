@@ -1,122 +1,106 @@
 """`reame serve`: the Litestar application and its startup.
 
-This first cut serves liveness/readiness, the model list and non-streaming chat
-completions; the full OpenAI-compatible surface is built on the same pieces.
+The HTTP server comes up at once and loads the model in the background: /health answers
+503 until the engine is ready, then 200. Bearer auth guards every route but /health.
 """
 
 from __future__ import annotations
 
-import time
+import hmac
+import threading
 from typing import Any
 
+import structlog
 import uvicorn
-from litestar import Litestar, Request, Response, get, post
+from litestar import Litestar
+from litestar.config.cors import CORSConfig
+from litestar.connection import ASGIConnection
 from litestar.datastructures import State
-from litestar.exceptions import HTTPException
-from litestar.status_codes import HTTP_400_BAD_REQUEST, HTTP_500_INTERNAL_SERVER_ERROR
+from litestar.exceptions import NotAuthorizedException
+from litestar.handlers.base import BaseRouteHandler
+from litestar.openapi import OpenAPIConfig
 
-from reame_core.chat import encode_chat
-from reame_core.errors import RequestError
-from reame_core.request import FinishEvent, GenerationRequest, SamplingParams
+from reame_core import __version__
 from reame_core.runtime import Runtime, start_runtime
+from reame_core.server.errors import EXCEPTION_HANDLERS
+from reame_core.server.metrics import ServerMetrics
+from reame_core.server.routes import CompletionsController, health, metrics
+from reame_core.server.service import ServerState
 from reame_core.settings import Settings
 
-
-def error_body(
-    message: str, kind: str, param: str | None = None, code: str | None = None
-) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+log = structlog.get_logger(__name__)
+OPEN_PATHS = frozenset({"/health"})
 
 
-def request_error_handler(_: Request[Any, Any, Any], error: RequestError) -> Response[Any]:
-    body = error_body(error.message, "invalid_request_error", error.param, error.code)
-    return Response(body, status_code=HTTP_400_BAD_REQUEST)
+def bearer_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    server: ServerState = connection.app.state.server
+    if not server.api_keys or connection.url.path in OPEN_PATHS:
+        return
+    header = connection.headers.get("authorization", "")
+    scheme, _space, token = header.partition(" ")
+    given = token.strip().encode()
+    # Compare against every key without stopping early, in constant time per key.
+    valid = False
+    for key in server.api_keys:
+        valid |= hmac.compare_digest(given, key.encode())
+    if scheme.lower() != "bearer" or not valid:
+        raise NotAuthorizedException()
 
 
-def http_error_handler(_: Request[Any, Any, Any], error: HTTPException) -> Response[Any]:
-    kind = "invalid_request_error" if error.status_code < 500 else "server_error"
-    return Response(error_body(str(error.detail), kind), status_code=error.status_code)
+def create_app(server: ServerState) -> Litestar:
+    server.metrics = ServerMetrics(server)
+    settings = server.settings
+    cors = CORSConfig(allow_origins=settings.cors_origins) if settings.cors_origins else None
 
+    def count_response(message: Any, scope: Any) -> None:
+        if message["type"] == "http.response.start" and server.metrics is not None:
+            route = scope.get("path_template") or scope.get("path", "?")
+            server.metrics.requests.labels(route=route, status=str(message["status"])).inc()
 
-def internal_error_handler(_: Request[Any, Any, Any], error: Exception) -> Response[Any]:
-    body = error_body("The server failed to handle this request.", "server_error")
-    return Response(body, status_code=HTTP_500_INTERNAL_SERVER_ERROR)
+    def shutdown() -> None:
+        if server.runtime is not None:
+            server.runtime.close()
 
-
-@get("/health")
-async def health(state: State) -> dict[str, str]:
-    return {"status": "ok", "model": state.runtime.backend.info.name}
-
-
-@get("/v1/models")
-async def models(state: State) -> dict[str, Any]:
-    info = state.runtime.backend.info
-    return {
-        "object": "list",
-        "data": [{"id": info.name, "object": "model", "created": 0, "owned_by": "reame"}],
-    }
-
-
-@post("/v1/chat/completions")
-async def chat_completions(state: State, data: dict[str, Any]) -> dict[str, Any]:
-    runtime: Runtime = state.runtime
-    messages = data.get("messages")
-    if not isinstance(messages, list):
-        raise RequestError("'messages' must be a list of messages.", param="messages")
-    tokens = encode_chat(runtime.backend, messages)
-    room = runtime.backend.info.n_ctx_seq - len(tokens)
-    max_tokens = data.get("max_completion_tokens") or data.get("max_tokens") or room
-    stop = data.get("stop") or ()
-    params = SamplingParams(
-        max_tokens=int(max_tokens),
-        temperature=float(data.get("temperature", 1.0)),
-        top_p=float(data.get("top_p", 1.0)),
-        seed=data.get("seed"),
-        stop=(stop,) if isinstance(stop, str) else tuple(stop),
+    app = Litestar(
+        route_handlers=[CompletionsController, health, metrics],
+        state=State({"server": server}),
+        guards=[bearer_guard],
+        exception_handlers=EXCEPTION_HANDLERS,
+        cors_config=cors,
+        request_max_body_size=settings.max_body_bytes,
+        openapi_config=OpenAPIConfig(title="Reame", version=__version__, path="/schema"),
+        before_send=[count_response],
+        on_shutdown=[shutdown],
+        debug=False,
     )
-    finished: FinishEvent | None = None
-    async for event in runtime.engine.stream(GenerationRequest(tokens, params)):
-        if isinstance(event, FinishEvent):
-            finished = event
-    if finished is None or finished.error:
-        raise HTTPException(status_code=500, detail="The generation failed.")
-    usage = finished.usage
-    return {
-        "id": f"chatcmpl-{id(finished):x}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": runtime.backend.info.name,
-        "choices": [
-            {
-                "index": c.candidate,
-                "message": {"role": "assistant", "content": c.text},
-                "finish_reason": c.finish_reason,
-            }
-            for c in finished.candidates
-        ],
-        "usage": {
-            "prompt_tokens": usage.prompt_tokens,
-            "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-        },
-    }
+    return app
 
 
-def create_app(runtime: Runtime) -> Litestar:
-    return Litestar(
-        route_handlers=[health, models, chat_completions],
-        state=State({"runtime": runtime}),
-        exception_handlers={
-            RequestError: request_error_handler,
-            HTTPException: http_error_handler,
-            Exception: internal_error_handler,
-        },
-        on_shutdown=[runtime.close],
-    )
+def load_in_background(
+    server: ServerState, runtime_factory: Any = start_runtime
+) -> threading.Thread:
+    def load() -> None:
+        try:
+            runtime: Runtime = runtime_factory(server.settings)
+        except Exception as error:
+            log.error("model failed to load", error=str(error))
+            server.load_error = str(error)
+            return
+        server.runtime = runtime
+
+    thread = threading.Thread(target=load, name="reame-loader", daemon=True)
+    thread.start()
+    return thread
 
 
 def serve(settings: Settings) -> int:
-    runtime = start_runtime(settings)
-    uvicorn.run(create_app(runtime), host=settings.host, port=settings.port, log_config=None)
+    server = ServerState(settings, api_keys=settings.all_api_keys())
+    app = create_app(server)
+    load_in_background(server)
+    log.info(
+        "serving",
+        url=f"http://{settings.host}:{settings.port}",
+        auth="bearer" if server.api_keys else "off",
+    )
+    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False)
     return 0

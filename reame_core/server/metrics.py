@@ -1,0 +1,100 @@
+"""Prometheus metrics, names prefixed ``reame_``.
+
+Request-level measurements (status, time to first token, inter-token latency) are recorded
+by the API as they happen; engine and plugin counters are read from the engine at scrape
+time by `EngineCollector`, so the engine thread never waits on the metrics code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from reame_core.server.service import ServerState
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class ServerMetrics:
+    def __init__(self, state: ServerState) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "reame_requests",
+            "HTTP requests by route and status",
+            ["route", "status"],
+            registry=self.registry,
+        )
+        self.time_to_first_token = Histogram(
+            "reame_time_to_first_token_seconds",
+            "Time from request to first token",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.inter_token_latency = Histogram(
+            "reame_inter_token_latency_seconds",
+            "Time between streamed token events",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(EngineCollector(state))
+
+    def render(self) -> bytes:
+        return bytes(generate_latest(self.registry))
+
+
+class EngineCollector(Collector):
+    def __init__(self, state: ServerState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        runtime = self._state.runtime
+        if runtime is None:
+            return
+        stats = runtime.engine.stats
+        prompt = CounterMetricFamily(
+            "reame_prompt_tokens", "Prompt tokens by how they were obtained", labels=["kind"]
+        )
+        prompt.add_metric(["computed"], stats.prefill_tokens)
+        prompt.add_metric(["reused"], stats.reused_tokens)
+        prompt.add_metric(["restored"], stats.restored_tokens)
+        yield prompt
+        yield _counter("reame_completion_tokens", "Tokens generated", stats.generated_tokens)
+        yield _counter("reame_decode_steps", "Decode steps (one batch each)", stats.decode_steps)
+        yield _counter("reame_batch_tokens", "Tokens decoded across all steps", stats.batch_tokens)
+        yield _counter("reame_decode_seconds", "Time spent in decode", stats.decode_seconds)
+        yield _counter("reame_decode_errors", "Decode steps that failed", stats.decode_errors)
+        yield _gauge("reame_queue_depth", "Requests waiting for a slot", stats.waiting_requests)
+        yield _gauge(
+            "reame_active_sequences", "Sequences prefilling or decoding", stats.active_sequences
+        )
+        yield _gauge(
+            "reame_requests_in_flight", "Requests accepted and not finished", self._state.in_flight
+        )
+        proposed = CounterMetricFamily(
+            "reame_draft_tokens_proposed", "Draft tokens proposed, by source", labels=["source"]
+        )
+        accepted = CounterMetricFamily(
+            "reame_draft_tokens_accepted", "Draft tokens accepted, by source", labels=["source"]
+        )
+        for source, count in sorted(stats.draft_proposed.items()):
+            proposed.add_metric([source], count)
+            accepted.add_metric([source], stats.draft_accepted.get(source, 0))
+        yield proposed
+        yield accepted
+        for result in runtime.plugins.hook.reame_collect_stats() or ():
+            for group, counters in (result or {}).items():
+                for name, value in counters.items():
+                    yield _gauge(f"reame_{group}_{name}", f"{group}: {name}", value)
+
+
+def _counter(name: str, documentation: str, value: Any) -> Metric:
+    return CounterMetricFamily(name, documentation, value=float(value))
+
+
+def _gauge(name: str, documentation: str, value: Any) -> Metric:
+    return GaugeMetricFamily(name, documentation, value=float(value))

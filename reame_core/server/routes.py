@@ -1,0 +1,316 @@
+"""The HTTP routes: OpenAI-compatible completions and chat, models, health, metrics.
+
+Handlers translate between HTTP and `service.py`; they never touch the engine's backend.
+Streaming responses are Server-Sent Events framed exactly as OpenAI frames them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from litestar import Controller, Request, Response, get, post
+from litestar.datastructures import State
+from litestar.response import Stream
+
+from reame_core.request import FinishEvent, GenerationRequest, TokenEvent, TokenLogprob
+from reame_core.runtime import Runtime
+from reame_core.server import shapes
+from reame_core.server.errors import APIError
+from reame_core.server.schemas import ChatCompletionRequest, CompletionRequest, parse_body
+from reame_core.server.service import (
+    ServerState,
+    chat_requests,
+    completion_id,
+    completion_requests,
+    now,
+    reject_plugin_fields,
+    run_requests,
+)
+
+SESSION_HEADER = "x-session-id"
+
+
+def _sse(payload: dict[str, Any] | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+class _Job:
+    """One API call in flight: its engine requests and what has come back so far."""
+
+    def __init__(
+        self, state: ServerState, runtime: Runtime, requests: list[GenerationRequest], kind: str
+    ) -> None:
+        self.state = state
+        self.runtime = runtime
+        self.requests = requests
+        self.kind = kind  # "chat" or "text"
+        self.id = completion_id("chatcmpl" if kind == "chat" else "cmpl")
+        self.created = now()
+        self.model = runtime.backend.info.name
+        self.n = requests[0].n
+        self.started = time.perf_counter()
+        self.metrics = state.metrics
+        self._last_event = 0.0
+
+    def choice_index(self, request_index: int, candidate: int) -> int:
+        return request_index * self.n + candidate
+
+    def observe_tokens(self) -> None:
+        moment = time.perf_counter()
+        if self.metrics is not None:
+            if self._last_event == 0.0:
+                self.metrics.time_to_first_token.observe(moment - self.started)
+            else:
+                self.metrics.inter_token_latency.observe(moment - self._last_event)
+        self._last_event = moment
+
+    async def events(self) -> AsyncIterator[tuple[int, TokenEvent | FinishEvent]]:
+        try:
+            async for index, event in run_requests(self.runtime, self.requests):
+                yield index, event
+        finally:
+            self.state.release(len(self.requests))
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.runtime.backend.token_bytes(token)
+
+    def logprobs(self, items: Sequence[TokenLogprob], offset: int = 0) -> dict[str, Any] | None:
+        if self.requests[0].params.logprobs is None:
+            return None
+        if self.kind == "chat":
+            return shapes.chat_logprobs(items, self.token_bytes)
+        return shapes.completion_logprobs(items, self.token_bytes, offset)
+
+    # ------------------------------------------------------------- one shot
+
+    async def complete(self) -> dict[str, Any]:
+        finished: dict[int, FinishEvent] = {}
+        logprobs: dict[tuple[int, int], list[TokenLogprob]] = {}
+        async for index, event in self.events():
+            if isinstance(event, FinishEvent):
+                finished[index] = event
+            else:
+                self.observe_tokens()
+                logprobs.setdefault((index, event.candidate), []).extend(event.logprobs)
+        choices = []
+        for index in sorted(finished):
+            event = finished[index]
+            if event.error:
+                raise APIError(500, f"The generation failed: {event.error}")
+            for result in event.candidates:
+                position = self.choice_index(index, result.candidate)
+                items = logprobs.get((index, result.candidate), [])
+                if self.kind == "chat":
+                    choice: dict[str, Any] = {
+                        "index": position,
+                        "message": {"role": "assistant", "content": result.text},
+                        "logprobs": self.logprobs(items),
+                        "finish_reason": result.finish_reason,
+                    }
+                else:
+                    choice = {
+                        "index": position,
+                        "text": result.text,
+                        "logprobs": self.logprobs(items),
+                        "finish_reason": result.finish_reason,
+                    }
+                choices.append(choice)
+        usage = shapes.merge_usage([finished[i].usage for i in sorted(finished)])
+        return {
+            "id": self.id,
+            "object": "chat.completion" if self.kind == "chat" else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.runtime.backend.info.fingerprint[:16],
+            "choices": choices,
+            "usage": shapes.usage_body(usage),
+            "timings": shapes.timings_body(usage),
+        }
+
+    # ------------------------------------------------------------ streaming
+
+    def _chunk(
+        self,
+        choices: list[dict[str, Any]],
+        usage: dict[str, Any] | None = None,
+        with_usage: bool = False,
+    ) -> dict[str, Any]:
+        chunk: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.runtime.backend.info.fingerprint[:16],
+            "choices": choices,
+        }
+        if with_usage:
+            chunk["usage"] = usage
+        return chunk
+
+    async def stream(self, include_usage: bool) -> AsyncIterator[bytes]:
+        if self.kind == "chat":
+            opening = [
+                {
+                    "index": self.choice_index(i, c),
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+                for i in range(len(self.requests))
+                for c in range(self.n)
+            ]
+            yield _sse(self._chunk(opening, with_usage=include_usage))
+        offsets: dict[int, int] = {}
+        usages = []
+        async for index, event in self.events():
+            if isinstance(event, TokenEvent):
+                self.observe_tokens()
+                if not event.text and not event.logprobs:
+                    continue
+                position = self.choice_index(index, event.candidate)
+                if self.kind == "chat":
+                    choice: dict[str, Any] = {
+                        "index": position,
+                        "delta": {"content": event.text},
+                        "logprobs": self.logprobs(event.logprobs),
+                        "finish_reason": None,
+                    }
+                else:
+                    offset = offsets.get(position, 0)
+                    choice = {
+                        "index": position,
+                        "text": event.text,
+                        "logprobs": self.logprobs(event.logprobs, offset),
+                        "finish_reason": None,
+                    }
+                    offsets[position] = offset + len(event.text)
+                yield _sse(self._chunk([choice], with_usage=include_usage))
+                continue
+            if event.error:
+                yield _sse(
+                    {
+                        "error": {
+                            "message": f"The generation failed: {event.error}",
+                            "type": "server_error",
+                            "param": None,
+                            "code": None,
+                        }
+                    }
+                )
+                return
+            usages.append(event.usage)
+            closing = []
+            for result in event.candidates:
+                position = self.choice_index(index, result.candidate)
+                if self.kind == "chat":
+                    closing.append(
+                        {
+                            "index": position,
+                            "delta": {},
+                            "logprobs": None,
+                            "finish_reason": result.finish_reason,
+                        }
+                    )
+                else:
+                    closing.append(
+                        {
+                            "index": position,
+                            "text": "",
+                            "logprobs": None,
+                            "finish_reason": result.finish_reason,
+                        }
+                    )
+            yield _sse(self._chunk(closing, with_usage=include_usage))
+        if include_usage:
+            usage = shapes.merge_usage(usages)
+            final = self._chunk([], shapes.usage_body(usage), with_usage=True)
+            final["timings"] = shapes.timings_body(usage)
+            yield _sse(final)
+        yield _sse("[DONE]")
+
+
+def _session(request: Request[Any, Any, Any], body_session: str | None) -> str | None:
+    return request.headers.get(SESSION_HEADER) or body_session
+
+
+class CompletionsController(Controller):
+    path = "/v1"
+
+    @post("/chat/completions", status_code=200)
+    async def chat(self, request: Request[Any, Any, Any], data: Any) -> Any:
+        return await _serve(request, data, "chat")
+
+    @post("/completions", status_code=200)
+    async def completions(self, request: Request[Any, Any, Any], data: Any) -> Any:
+        return await _serve(request, data, "text")
+
+    @get("/models")
+    async def models(self, state: State) -> dict[str, Any]:
+        server: ServerState = state.server
+        runtime = server.ready()
+        info = runtime.backend.info
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": info.name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "reame",
+                    "meta": {
+                        "n_ctx_per_slot": info.n_ctx_seq,
+                        "slots": info.n_seq_max,
+                        "architecture": info.architecture,
+                        "fim": info.fim is not None,
+                    },
+                }
+            ],
+        }
+
+
+async def _serve(request: Request[Any, Any, Any], data: Any, kind: str) -> Any:
+    server: ServerState = request.app.state.server
+    runtime = server.ready()
+    claimed = server.claimed_fields()
+    if isinstance(data, dict):
+        reject_plugin_fields(data, claimed)
+    model = ChatCompletionRequest if kind == "chat" else CompletionRequest
+    body, extensions = parse_body(model, data, claimed)
+    server.check_model(body.model)
+    session = _session(request, body.session_id)
+    if kind == "chat":
+        requests = chat_requests(runtime, body, extensions, session)
+    else:
+        requests = completion_requests(runtime, body, extensions, session)
+    for engine_request in requests:
+        runtime.engine.check(engine_request)
+    server.admit(len(requests))
+    job = _Job(server, runtime, requests, kind)
+    if body.stream:
+        return Stream(
+            job.stream(body.include_usage),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    return await job.complete()
+
+
+@get("/health")
+async def health(state: State) -> Response[dict[str, Any]]:
+    server: ServerState = state.server
+    if server.runtime is None:
+        status = "error" if server.load_error else "loading"
+        return Response({"status": status, "error": server.load_error}, status_code=503)
+    info = server.runtime.backend.info
+    return Response({"status": "ok", "model": info.name, "slots": info.n_seq_max})
+
+
+@get("/metrics", media_type="text/plain; version=0.0.4")
+async def metrics(state: State) -> bytes:
+    server: ServerState = state.server
+    assert server.metrics is not None
+    return server.metrics.render()
