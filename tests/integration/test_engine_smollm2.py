@@ -141,6 +141,30 @@ def test_seeded_sampled_request_gives_the_same_tokens_alone_and_batched(
     assert tokens_of(batched[1]) == alone
 
 
+def test_long_prompt_prefilled_beside_a_running_generation_gives_the_alone_tokens(
+    engine: Engine, backend: LlamaBackend, forget_kv: Forget
+) -> None:
+    prompt = chat(backend, "My glass chimney arrived broken. What now?", SYSTEM)
+    alone = tokens_of(engine.generate(request(prompt, max_tokens=32, ignore_eos=True)))
+    forget_kv(engine)
+    # Raw text shares no leading token with a chat prompt: nothing can be reused.
+    story = backend.tokenize(
+        "Once upon a time, by the sea,", add_special=False, parse_special=False
+    )
+    running = Watch()
+    ticket = engine.submit(request(story, max_tokens=400, ignore_eos=True), running)
+    assert running.started.wait(30)
+
+    beside = engine.generate(request(prompt, max_tokens=32, ignore_eos=True))
+    still_running = not running.done.is_set()
+    ticket.cancel()
+    running.result()
+
+    assert still_running
+    assert beside.usage.cached_tokens == 0
+    assert tokens_of(beside) == alone
+
+
 # ------------------------------------------------------------- prefix reuse
 
 
@@ -216,7 +240,7 @@ def test_cancelling_one_of_eight_busy_slots_lets_a_queued_ninth_request_start(
     runs = [Watch() for _ in QUESTIONS]
     tickets = [
         engine.submit(request(chat(backend, q), max_tokens=400, ignore_eos=True), run)
-        for q, run in zip(QUESTIONS, runs)
+        for q, run in zip(QUESTIONS, runs, strict=True)
     ]
     for run in runs:
         assert run.started.wait(60)
@@ -268,7 +292,9 @@ def test_n_candidates_share_one_prefill_and_candidate_i_samples_with_seed_plus_i
     assert engine.stats.prefill_tokens - prefilled_before == len(prompt)
     candidates = [candidate.tokens for candidate in group.candidates]
     assert len(set(candidates)) == 3
-    singles = [tokens_of(engine.generate(request(prompt, seed=77 + i, **sampled))) for i in range(3)]
+    singles = [
+        tokens_of(engine.generate(request(prompt, seed=77 + i, **sampled))) for i in range(3)
+    ]
     assert candidates == singles
 
 
@@ -339,7 +365,9 @@ def test_a_new_engine_on_a_used_backend_serves_requests(
 # ---------------------------------------------------------------------- CLI
 
 
-def reame(*args: str, stdin: str | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def reame(
+    *args: str, stdin: str | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(REAME), *args],
         input=stdin,
