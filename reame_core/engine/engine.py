@@ -246,8 +246,7 @@ class Engine:
         running = [seq for group in self._groups for seq in group.sequences]
         decoding = [seq for seq in running if seq.phase is Phase.DECODING]
         prefilling = [seq for seq in running if seq.phase is Phase.PREFILL]
-        self.stats.active_sequences = len(decoding) + len(prefilling)
-        self.stats.waiting_requests = len(self._waiting)
+        self._count_active()
         if not decoding and not prefilling:
             return False
 
@@ -288,23 +287,43 @@ class Engine:
                 else:
                     self._verify(seq, item.draft, rows, elapsed)
         self._settle_groups()
+        self._count_active()
         return True
+
+    def _count_active(self) -> None:
+        running = [seq for group in self._groups for seq in group.sequences]
+        self.stats.active_sequences = sum(not seq.finished for seq in running)
+        self.stats.waiting_requests = len(self._waiting)
 
     # ------------------------------------------------------------ admission
 
     def _admit(self) -> None:
         while self._waiting and self.slots.free_count() >= self._waiting[0].request.n:
             group = self._waiting.popleft()
-            self._start(group)
             self._groups.append(group)
+            try:
+                self._start(group)
+            except Exception as error:  # one bad request must not wedge its slots
+                log.error("request could not start", error=f"{type(error).__name__}: {error}")
+                self._fail(group, "the request could not be started")
 
     def _start(self, group: RequestGroup) -> None:
         request = group.request
         prompt = request.prompt_tokens
+        seed = request.params.seed
+        if seed is None or seed < 0:  # llama.cpp's convention: a negative seed is random
+            seed = secrets.randbits(63)
+        sampler = TokenSampler(request.params, eog=self.info.eog, history=prompt, seed=seed)
         limit = len(prompt) - 1  # the last prompt token is decoded to get logits
-        session = request.session_id
         match = self.slots.longest_prefix(prompt, limit)
-        slot = self.slots.acquire(prefer=match.slot if match else None, session=session)
+        slot = self.slots.acquire(prefer=match.slot if match else None, session=request.session_id)
+        # Sequences own their slots from here on, so a failure below releases them.
+        group.sequences.append(Sequence(group, 0, slot, sampler))
+        for candidate in range(1, request.n):
+            sibling = Sequence(
+                group, candidate, self.slots.acquire(), sampler.fork(seed + candidate)
+            )
+            group.sequences.append(sibling)
         if match is None:
             self.slots.truncate(slot, 0)
         elif match.slot is slot:
@@ -327,15 +346,6 @@ class Engine:
             }
         )
         group.prefill_started = time.perf_counter()
-        seed = request.params.seed
-        if seed is None:
-            seed = secrets.randbits(63)
-        sampler = TokenSampler(request.params, eog=self.info.eog, history=prompt, seed=seed)
-        group.sequences.append(Sequence(group, 0, slot, sampler))
-        for candidate in range(1, request.n):
-            sibling_slot = self.slots.acquire()
-            fork = sampler.fork(seed + candidate)
-            group.sequences.append(Sequence(group, candidate, sibling_slot, fork))
 
     def _restore_prefix(self, slot: Slot, prompt: Seq[int], reused: int, limit: int) -> bool:
         hit = self.hook.reame_prefix_lookup(tokens=prompt, reused=reused, model=self.info)

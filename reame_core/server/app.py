@@ -54,7 +54,8 @@ def create_app(server: ServerState) -> Litestar:
 
     def count_response(message: Any, scope: Any) -> None:
         if message["type"] == "http.response.start" and server.metrics is not None:
-            route = scope.get("path_template") or scope.get("path", "?")
+            # Unmatched paths share one label: clients must not mint new series at will.
+            route = scope.get("path_template") or "unmatched"
             server.metrics.requests.labels(route=route, status=str(message["status"])).inc()
 
     def shutdown() -> None:

@@ -12,9 +12,12 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from litestar import Controller, Request, Response, get, post
+from litestar.background_tasks import BackgroundTask
 from litestar.datastructures import State
+from litestar.params import JSONBody
 from litestar.response import Stream
 
+from reame_core.errors import ContextOverflowError
 from reame_core.request import FinishEvent, GenerationRequest, TokenEvent, TokenLogprob
 from reame_core.runtime import Runtime
 from reame_core.server import shapes
@@ -55,6 +58,7 @@ class _Job:
         self.started = time.perf_counter()
         self.metrics = state.metrics
         self._last_event = 0.0
+        self._released = False
 
     def choice_index(self, request_index: int, candidate: int) -> int:
         return request_index * self.n + candidate
@@ -73,6 +77,12 @@ class _Job:
             async for index, event in run_requests(self.runtime, self.requests):
                 yield index, event
         finally:
+            self.release()
+
+    def release(self) -> None:
+        """Give back the queue places taken at admission (once, however the call ends)."""
+        if not self._released:
+            self._released = True
             self.state.release(len(self.requests))
 
     def token_bytes(self, token: int) -> bytes:
@@ -241,11 +251,13 @@ class CompletionsController(Controller):
     path = "/v1"
 
     @post("/chat/completions", status_code=200)
-    async def chat(self, request: Request[Any, Any, Any], data: Any) -> Any:
+    async def chat(self, request: Request[Any, Any, Any], data: JSONBody[Any]) -> Response[Any]:
         return await _serve(request, data, "chat")
 
     @post("/completions", status_code=200)
-    async def completions(self, request: Request[Any, Any, Any], data: Any) -> Any:
+    async def completions(
+        self, request: Request[Any, Any, Any], data: JSONBody[Any]
+    ) -> Response[Any]:
         return await _serve(request, data, "text")
 
     @get("/models")
@@ -272,7 +284,7 @@ class CompletionsController(Controller):
         }
 
 
-async def _serve(request: Request[Any, Any, Any], data: Any, kind: str) -> Any:
+async def _serve(request: Request[Any, Any, Any], data: Any, kind: str) -> Response[Any]:
     server: ServerState = request.app.state.server
     runtime = server.ready()
     claimed = server.claimed_fields()
@@ -287,16 +299,25 @@ async def _serve(request: Request[Any, Any, Any], data: Any, kind: str) -> Any:
     else:
         requests = completion_requests(runtime, body, extensions, session)
     for engine_request in requests:
-        runtime.engine.check(engine_request)
+        try:
+            runtime.engine.check(engine_request)
+        except ContextOverflowError as error:
+            error.param = "messages" if kind == "chat" else "prompt"
+            raise
     server.admit(len(requests))
     job = _Job(server, runtime, requests, kind)
     if body.stream:
+        # The background task runs even when the client hangs up before the first chunk.
         return Stream(
             job.stream(body.include_usage),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            background=BackgroundTask(job.release),
         )
-    return await job.complete()
+    try:
+        return Response(await job.complete())
+    finally:
+        job.release()
 
 
 @get("/health")

@@ -124,6 +124,22 @@ class CompletionRequest(_Generation):
         return self.max_tokens
 
 
+_TYPE_BRANCHES = {"str", "int", "list[str]", "list[int]", "list[list[int]]", "list[dict[str,any]]"}
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    """pydantic's error location as a field path: messages[0].content (no type branches)."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif str(part).replace(" ", "").lower() in _TYPE_BRANCHES or "[" in str(part):
+            break
+        else:
+            path += f".{part}" if path else str(part)
+    return path
+
+
 def parse_body(
     model: type[_Generation], body: Any, claimed: Mapping[str, str]
 ) -> tuple[Any, dict[str, Any]]:
@@ -136,7 +152,7 @@ def parse_body(
         return model.model_validate(rest), extensions
     except ValidationError as error:
         first = error.errors()[0]
-        location = ".".join(str(part) for part in first["loc"])
+        location = _field_path(first["loc"])
         if first["type"] == "extra_forbidden":
             message = (
                 f"Unknown field '{location}'. It is not an OpenAI field Reame supports, and no "

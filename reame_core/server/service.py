@@ -101,13 +101,13 @@ def reject_plugin_fields(body: dict[str, Any], claimed: dict[str, str]) -> None:
             )
 
 
-def max_tokens_for(backend: Backend, prompt: Sequence[int], asked: int | None) -> int:
+def max_tokens_for(backend: Backend, prompt: Sequence[int], asked: int | None, field: str) -> int:
     room = backend.info.n_ctx_seq - len(prompt)
     if room < 1:
         raise ContextOverflowError(
             f"The prompt has {len(prompt)} tokens; this model's context per sequence is "
             f"{backend.info.n_ctx_seq}.",
-            param="messages" if asked is None else "prompt",
+            param=field,
         )
     return room if asked is None else asked
 
@@ -124,7 +124,8 @@ def chat_requests(
     messages = [message.model_dump(exclude_none=True) for message in body.messages]
     prompt = encode_chat(runtime.backend, messages)
     params = body.sampling(
-        max_tokens_for(runtime.backend, prompt, body.requested_max_tokens), body.logprobs_count
+        max_tokens_for(runtime.backend, prompt, body.requested_max_tokens, "messages"),
+        body.logprobs_count,
     )
     return [GenerationRequest(prompt, params, body.n, extensions, session)]
 
@@ -138,6 +139,8 @@ def completion_prompts(backend: Backend, body: CompletionRequest) -> list[list[i
     else:
         texts = None
     if texts is None:
+        if body.suffix is not None:
+            raise RequestError("'suffix' needs a text prompt, not token ids.", param="suffix")
         id_lists: list[Any] = [prompt] if prompt and isinstance(prompt[0], int) else list(prompt)
         return [[int(t) for t in ids] for ids in id_lists]
     if body.suffix is not None:
@@ -173,7 +176,7 @@ def completion_requests(
     for prompt in completion_prompts(runtime.backend, body):
         if not prompt:
             raise RequestError("The prompt is empty.", param="prompt")
-        max_tokens = max_tokens_for(runtime.backend, prompt, body.requested_max_tokens)
+        max_tokens = max_tokens_for(runtime.backend, prompt, body.requested_max_tokens, "prompt")
         params: SamplingParams = body.sampling(max_tokens, body.logprobs)
         requests.append(GenerationRequest(prompt, params, body.n, extensions, session))
     return requests
