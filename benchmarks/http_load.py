@@ -1,0 +1,180 @@
+"""HTTP load driver: concurrent streaming clients against `reame serve` (or any
+OpenAI-compatible server), reporting aggregate tok/s and time to first token p50/p95.
+
+With no --url it starts `reame serve` on the embedded model itself, then measures:
+  - serving overhead: one stream over HTTP vs the engine driven directly (goal >= 95%),
+    alternating, each engine measurement in its own process;
+  - 1, 4 and 8 concurrent streams, aggregate.
+With --url it only drives that server (e.g. llama.cpp's llama-server with the same model,
+threads and slots, to compare).
+
+    .venv/bin/python benchmarks/http_load.py [--tokens 128] [--reps 3]
+    .venv/bin/python benchmarks/http_load.py --url http://127.0.0.1:8081 --label llama-server
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+PROMPTS = [
+    f"Story number {i}: once upon a time, in a small village by the sea, there lived"
+    for i in range(8)
+]
+
+
+async def one_stream(
+    client: httpx.AsyncClient, url: str, prompt: str, tokens: int, model: str | None
+) -> tuple[float, int]:
+    """Stream one completion; returns (seconds to first token, completion tokens)."""
+    body = {
+        "prompt": prompt,
+        "max_tokens": tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if model:
+        body["model"] = model
+    started = time.perf_counter()
+    first = None
+    completion_tokens = 0
+    async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if first is None and any(c.get("text") for c in chunk.get("choices", [])):
+                first = time.perf_counter() - started
+            if chunk.get("usage"):
+                completion_tokens = chunk["usage"]["completion_tokens"]
+    return first or 0.0, completion_tokens
+
+
+async def load(url: str, streams: int, tokens: int, model: str | None) -> dict[str, float]:
+    async with httpx.AsyncClient(timeout=600) as client:
+        await one_stream(client, url, "Warm up.", 4, model)
+        started = time.perf_counter()
+        results = await asyncio.gather(
+            *(one_stream(client, url, PROMPTS[i], tokens, model) for i in range(streams))
+        )
+        elapsed = time.perf_counter() - started
+    ttfts = sorted(r[0] for r in results)
+    total = sum(r[1] for r in results)
+    return {
+        "seconds": elapsed,
+        "tok_s": total / elapsed,
+        "ttft_p50": statistics.median(ttfts),
+        "ttft_p95": ttfts[min(len(ttfts) - 1, round(0.95 * (len(ttfts) - 1)))],
+        "tokens": total,
+    }
+
+
+@contextmanager
+def reame_server(threads: int) -> Iterator[str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    reame = os.path.join(os.path.dirname(sys.executable), "reame")
+    process = subprocess.Popen(
+        [reame, "serve", "--port", str(port), "--parallel", "8", "--ctx", "1024",
+         "--threads", str(threads), "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--url", help="drive this server instead of starting reame serve")
+    parser.add_argument("--model", help="model field to send (needed by some servers)")
+    parser.add_argument("--label", default="reame")
+    args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).parent))
+    from common import measure, median_ratio, write_report
+
+    rows = []
+    overhead = None
+
+    def run_all(url: str) -> None:
+        for streams in (1, 4, 8):
+            samples = [
+                asyncio.run(load(url, streams, args.tokens, args.model)) for _ in range(args.reps)
+            ]
+            row = {
+                "streams": streams,
+                "tok_s": round(statistics.median(s["tok_s"] for s in samples), 1),
+                "ttft_p50_ms": round(1000 * statistics.median(s["ttft_p50"] for s in samples), 1),
+                "ttft_p95_ms": round(1000 * statistics.median(s["ttft_p95"] for s in samples), 1),
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+
+    if args.url:
+        run_all(args.url)
+    else:
+        throughput = str(Path(__file__).parent / "engine_throughput.py")
+        http_seconds, engine_seconds = [], []
+        with reame_server(args.threads) as url:
+            for _ in range(args.reps):
+                http_seconds.append(asyncio.run(load(url, 1, args.tokens, None))["seconds"])
+                engine_seconds.append(
+                    measure(throughput, "engine", "1", "--tokens", str(args.tokens),
+                            "--threads", str(args.threads))["seconds"]
+                )  # fmt: skip
+            overhead = round(median_ratio(engine_seconds, http_seconds), 3)
+            print(json.dumps({"http_vs_engine_one_stream": overhead}), flush=True)
+            run_all(url)
+    path = write_report(
+        f"http_load_{args.label}",
+        {
+            "server": args.label,
+            "url": args.url or "reame serve (embedded SmolLM2-135M, 8 slots, ctx 1024/slot)",
+            "threads": args.threads,
+            "tokens_per_stream": args.tokens,
+            "reps": args.reps,
+            "command": " ".join(["python", *sys.argv]),
+            "http_vs_engine_one_stream": overhead,
+            "rows": rows,
+        },
+    )
+    print(f"\nwritten to {path}\n")
+    print("| streams | aggregate tok/s | TTFT p50 ms | TTFT p95 ms |")
+    print("|---|---|---|---|")
+    for row in rows:
+        print(
+            f"| {row['streams']} | {row['tok_s']} | {row['ttft_p50_ms']} | {row['ttft_p95_ms']} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
