@@ -57,6 +57,7 @@ def start_runtime(
         plugins,
         prefill_chunk=settings.prefill_chunk,
         max_sessions=settings.max_sessions,
+        exact_reuse=settings.deterministic,
     ).start()
     log.info(
         "engine ready",
@@ -74,9 +75,10 @@ def determinism_note(backend: Backend, settings: Settings) -> str:
     """What the running configuration guarantees about repeatable outputs."""
     if not settings.deterministic:
         return "fast mode: outputs may differ slightly with batch neighbours and cache hits"
+    exact = (
+        "deterministic: batching, prefix reuse and candidate clones are bit-exact (generated "
+        "tokens are reused only once recomputed as a prompt chunk)"
+    )
     if backend.info.extra.get("llamafile"):
-        return (
-            "deterministic: batching, prefix reuse and clones are bit-exact; speculative "
-            "verification is exact only up to near-ties on this build (LLAMAFILE kernels)"
-        )
-    return "deterministic: batching, prefix reuse, clones and speculation are bit-exact"
+        return exact + "; speculative verification is exact only up to near-ties on this build"
+    return exact + "; speculative verification is exact too"

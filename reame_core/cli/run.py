@@ -68,7 +68,10 @@ def reply(runtime: Runtime, conversation: Conversation, out: TextIO) -> str:
         out.write(event.text)
         out.flush()
 
-    finished = runtime.engine.generate(GenerationRequest(tokens, params), on_event=show)
+    # The conversation is a session: its KV stays pinned, and is made exactly reusable
+    # while the user types the next turn.
+    request = GenerationRequest(tokens, params, session_id="reame-run")
+    finished = runtime.engine.generate(request, on_event=show)
     out.write("\n")
     out.flush()
     if finished.error:

@@ -97,12 +97,13 @@ class Engine:
         prefill_chunk: int = 128,
         draft_max: int = 8,
         max_sessions: int | None = None,
+        exact_reuse: bool = True,
     ) -> None:
         self.backend = backend
         self.info = backend.info
         self.plugins = plugins or PluginHost(discover=False)
         self.hook = self.plugins.hook
-        self.slots = KVSlots(backend, max_sessions)
+        self.slots = KVSlots(backend, max_sessions, exact_reuse=exact_reuse)
         self.prefill_chunk = prefill_chunk
         self.policy = DraftPolicy(draft_max)
         self.stats = EngineStats()
@@ -207,7 +208,7 @@ class Engine:
 
     @property
     def busy(self) -> bool:
-        return bool(self._groups or self._waiting)
+        return bool(self._groups or self._waiting or self.slots.stale_session())
 
     # ------------------------------------------------------------ the loop
 
@@ -248,11 +249,25 @@ class Engine:
         prefilling = [seq for seq in running if seq.phase is Phase.PREFILL]
         self._count_active()
         if not decoding and not prefilling:
-            return False
+            return self._refresh_session()
 
-        batch = Batch()
-        planned = self._plan_decoding(batch, decoding)
-        planned += self._plan_prefill(batch, prefilling, busy=bool(decoding))
+        # Decode tokens (one per sequence) and each prompt chunk go to llama.cpp in separate
+        # calls: it computes a sequence with one token in a micro-batch along another path
+        # than one with several, and a prompt chunk must be computed the same way whatever
+        # else runs, or its tokens would depend on the neighbours.
+        calls: list[tuple[Batch, list[_Planned]]] = []
+        if decoding:
+            batch = Batch()
+            calls.append((batch, self._plan_decoding(batch, decoding)))
+        calls += self._plan_prefill(prefilling, busy=bool(decoding))
+        for batch, planned in calls:
+            self._decode(batch, planned)
+        self._settle_groups()
+        self._count_active()
+        return True
+
+    def _decode(self, batch: Batch, planned: list[_Planned]) -> None:
+        """Decode one batch and hand each sequence its rows (valid until the next decode)."""
         started = time.perf_counter()
         try:
             logits = self.backend.decode(batch)
@@ -261,7 +276,7 @@ class Engine:
             log.error("decode failed", error=str(error), batch=len(batch))
             for item in planned:
                 self._fail(item.seq.group, "the model could not decode this request")
-            return True
+            return
         elapsed = time.perf_counter() - started
         self.stats.decode_steps += 1
         self.stats.decode_seconds += elapsed
@@ -270,6 +285,8 @@ class Engine:
         row = 0
         for item in planned:
             seq = item.seq
+            if seq.finished:  # failed or cancelled by an earlier call of this step
+                continue
             self.slots.appended(seq.slot, item.tokens)
             if seq.phase is Phase.PREFILL:
                 self.stats.prefill_tokens += len(item.tokens)
@@ -286,8 +303,37 @@ class Engine:
                     self._commit(seq, [token], [logprob] if logprob else [])
                 else:
                     self._verify(seq, item.draft, rows, elapsed)
-        self._settle_groups()
-        self._count_active()
+
+    def _refresh_session(self) -> bool:
+        """When idle, recompute a pinned session's generated tokens as prompt chunks, so its
+        next turn can reuse them exactly (see `KVSlots`). Returns whether it did work."""
+        slot = self.slots.stale_session()
+        if slot is None:
+            return False
+        tokens = slot.tokens[slot.exact :] if len(slot.tokens) - slot.exact > 1 else []
+        start = slot.exact
+        if not tokens:  # one stale token: recompute it with its predecessor
+            start = max(0, slot.exact - 1)
+            tokens = slot.tokens[start:]
+        self.slots.truncate(slot, start)
+        while tokens:
+            take = min(len(tokens), self.info.n_batch)
+            if len(tokens) - take == 1:
+                take -= 1
+            batch = Batch()
+            for offset, token in enumerate(tokens[:take]):
+                batch.add(token, start + offset, slot.seq_id, False)
+            try:
+                self.backend.decode(batch)
+            except DecodeError as error:
+                log.warning("session refresh failed", error=str(error))
+                self.slots.truncate(slot, 0)
+                return True
+            self.stats.decode_steps += 1
+            self.stats.batch_tokens += take
+            self.slots.appended(slot, tokens[:take])
+            start += take
+            tokens = tokens[take:]
         return True
 
     def _count_active(self) -> None:
@@ -314,7 +360,9 @@ class Engine:
         if seed is None or seed < 0:  # llama.cpp's convention: a negative seed is random
             seed = secrets.randbits(63)
         sampler = TokenSampler(request.params, eog=self.info.eog, history=prompt, seed=seed)
-        limit = len(prompt) - 1  # the last prompt token is decoded to get logits
+        # At least two prompt tokens are computed: the last one's logits are needed, and a
+        # lone token would take llama.cpp's decode path instead of the prefill path.
+        limit = max(0, len(prompt) - 2)
         match = self.slots.longest_prefix(prompt, limit)
         slot = self.slots.acquire(prefer=match.slot if match else None, session=request.session_id)
         # Sequences own their slots from here on, so a failure below releases them.
@@ -393,26 +441,41 @@ class Engine:
     def _has_prefill(self) -> bool:
         return any(seq.phase is Phase.PREFILL for g in self._groups for seq in g.sequences)
 
-    def _plan_prefill(self, batch: Batch, prefilling: list[Sequence], busy: bool) -> list[_Planned]:
-        budget = self.info.n_batch - len(batch)
-        if busy:
-            budget = min(budget, self.prefill_chunk)
-        planned = []
+    def _plan_prefill(
+        self, prefilling: list[Sequence], busy: bool
+    ) -> list[tuple[Batch, list[_Planned]]]:
+        """One batch per prompt chunk. While others decode, at most `prefill_chunk` prompt
+        tokens run per step, so a long prompt cannot freeze their streams."""
+        budget = self.prefill_chunk if busy else self.info.n_batch
+        calls = []
         for seq in prefilling:
             if budget <= 0:
                 break
-            prompt = seq.prompt_tokens
+            take = self._chunk_length(seq, budget)
             start = seq.n_kv
-            end = min(len(prompt), start + budget)
-            points = seq.group.store_points
-            if points and start < points[0] < end:
-                end = points[0]
-            last = len(prompt) - 1
+            end = start + take
+            last = len(seq.prompt_tokens) - 1
+            batch = Batch()
             for position in range(start, end):
-                batch.add(prompt[position], position, seq.seq_id, position == last)
-            planned.append(_Planned(seq, list(prompt[start:end])))
-            budget -= end - start
-        return planned
+                batch.add(seq.prompt_tokens[position], position, seq.seq_id, position == last)
+            calls.append((batch, [_Planned(seq, list(seq.prompt_tokens[start:end]))]))
+            budget -= take
+        return calls
+
+    def _chunk_length(self, seq: Sequence, budget: int) -> int:
+        """How many prompt tokens to compute now: within the budget, ending at the next
+        store point, and never leaving or making a one-token chunk (a chunk of one is
+        computed along the decode path, so its KV would differ from a cold prefill's)."""
+        remaining = seq.prompt_remaining
+        take = min(remaining, max(budget, 2))
+        points = seq.group.store_points
+        while points and points[0] - seq.n_kv < 2:
+            points.pop(0)  # too close to snapshot there without a one-token chunk
+        if points and points[0] - seq.n_kv < take:
+            take = points[0] - seq.n_kv
+        if remaining - take == 1:
+            take = take - 1 if take > 2 else take + 1
+        return min(take, remaining, self.info.n_batch)
 
     # ------------------------------------------------------------- sampling
 

@@ -5,6 +5,12 @@ the tokens in each slot is always the truth. A slot whose sequence finished keep
 ("resident"): a later request sharing a prefix with it reuses those cells instead of
 computing them again. Free slots are handed out least recently used first.
 
+With `exact_reuse` (the deterministic configuration) only the part of a slot's KV that
+was computed as prompt chunks is reused. llama.cpp computes a lone token per sequence (a
+decode step) along another path than a chunk, so a generated answer's KV differs slightly
+from what a cold prefill of the same text computes, and reusing it could change the next
+tokens. `Slot.exact` counts the leading tokens computed as chunks.
+
 A slot can be pinned to a session (a client's conversation id): other requests copy from
 it instead of taking it, and it is handed out only when no unpinned slot is free. At most
 `max_sessions` slots are pinned; pinning one more unpins the least recently used.
@@ -26,6 +32,7 @@ class Slot:
     busy: bool = False
     last_used: int = 0
     session: str | None = None
+    exact: int = 0
 
 
 @dataclass(frozen=True)
@@ -43,10 +50,15 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class KVSlots:
-    def __init__(self, backend: Backend, max_sessions: int | None = None) -> None:
+    def __init__(
+        self, backend: Backend, max_sessions: int | None = None, *, exact_reuse: bool = True
+    ) -> None:
         self._backend = backend
         self._trim_safe = backend.info.prefix_trim_safe
+        self._exact_reuse = exact_reuse
         self.slots = [Slot(seq_id) for seq_id in range(backend.info.n_seq_max)]
+        for slot in self.slots:  # the backend may hold a previous owner's sequences
+            backend.seq_rm(slot.seq_id, -1, -1)
         self.max_sessions = len(self.slots) // 2 if max_sessions is None else max_sessions
         self._clock = itertools.count(1)
 
@@ -64,11 +76,22 @@ class KVSlots:
         best: PrefixMatch | None = None
         for slot in self.slots:
             length = min(common_prefix(slot.tokens, prompt), limit)
+            if self._exact_reuse:
+                length = min(length, slot.exact)
             if not self._trim_safe and length != len(slot.tokens):
                 continue
             if length > 0 and (best is None or length > best.length):
                 best = PrefixMatch(slot, length)
         return best
+
+    def stale_session(self) -> Slot | None:
+        """A free slot pinned to a session whose KV is not all exactly reusable."""
+        if not self._exact_reuse or not self._trim_safe:
+            return None
+        for slot in self.slots:
+            if not slot.busy and slot.session is not None and slot.exact < len(slot.tokens):
+                return slot
+        return None
 
     def may_take(self, slot: Slot, session: str | None) -> bool:
         """Whether a request of `session` may take `slot` over (not merely copy from it)."""
@@ -118,17 +141,20 @@ class KVSlots:
             self._backend.seq_rm(slot.seq_id, -1, -1)
             length = 0
         del slot.tokens[length:]
+        slot.exact = min(slot.exact, length)
 
     def rollback(self, slot: Slot, length: int) -> None:
         """Drop the rejected draft tokens decoded past `length` in the last step."""
         if length < len(slot.tokens):
             self._backend.seq_rm(slot.seq_id, length)
             del slot.tokens[length:]
+            slot.exact = min(slot.exact, length)
 
     def copy(self, src: Slot, dst: Slot, length: int) -> None:
         """Make `dst` hold the first `length` tokens of `src`."""
         self._backend.seq_cp(src.seq_id, dst.seq_id)
         dst.tokens = list(src.tokens)
+        dst.exact = src.exact
         self.truncate(dst, length)
 
     def restore(self, slot: Slot, state: bytes, tokens: Sequence[int]) -> bool:
@@ -136,13 +162,18 @@ class KVSlots:
         if not self._backend.set_seq_state(slot.seq_id, state):
             self._backend.seq_rm(slot.seq_id, -1, -1)
             slot.tokens = []
+            slot.exact = 0
             return False
         slot.tokens = list(tokens)
+        slot.exact = len(tokens)  # stored states are snapshots taken after prompt chunks
         return True
 
     def snapshot(self, slot: Slot) -> bytes:
         return self._backend.get_seq_state(slot.seq_id)
 
     def appended(self, slot: Slot, tokens: Sequence[int]) -> None:
-        """Record tokens the last decode wrote into the slot."""
+        """Record tokens the last decode wrote into the slot (a chunk of several extends
+        the exactly reusable part if it directly follows it)."""
+        if len(tokens) > 1 and slot.exact == len(slot.tokens):
+            slot.exact += len(tokens)
         slot.tokens.extend(tokens)

@@ -72,6 +72,14 @@ def tokens_of(finished: FinishEvent) -> tuple[int, ...]:
     return finished.candidates[0].tokens
 
 
+def is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 class Watch:
     """One request's events, as the engine thread delivers them."""
 
@@ -95,6 +103,15 @@ class Watch:
         assert self.done.wait(timeout), "the request did not finish"
         assert self.finished is not None
         return self.finished
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 # ------------------------------------------------------------------ batching
@@ -144,10 +161,13 @@ def test_seeded_sampled_request_gives_the_same_tokens_alone_and_batched(
 def test_long_prompt_prefilled_beside_a_running_generation_gives_the_alone_tokens(
     engine: Engine, backend: LlamaBackend, forget_kv: Forget
 ) -> None:
-    prompt = chat(backend, "My glass chimney arrived broken. What now?", SYSTEM)
+    # About 420 tokens: prefilled in several chunks while the other request decodes.
+    prompt = chat(backend, "Write a haiku about rain.", f"{SYSTEM} {SYSTEM}")
     alone = tokens_of(engine.generate(request(prompt, max_tokens=32, ignore_eos=True)))
     forget_kv(engine)
-    # Raw text shares no leading token with a chat prompt: nothing can be reused.
+    # Raw text shares no leading token with a chat prompt: nothing can be reused. The story
+    # takes slot 1 and the prompt slot 2; llama.cpp splits a batch of adjacent sequences
+    # into ubatches with an equal number of tokens from each.
     story = backend.tokenize(
         "Once upon a time, by the sea,", add_special=False, parse_special=False
     )
@@ -183,6 +203,41 @@ def test_shared_system_prompt_is_reused_and_gives_the_cold_tokens(
 
     assert warm.usage.cached_tokens == shared
     assert cold.usage.cached_tokens == 0
+    assert tokens_of(warm) == tokens_of(cold)
+
+
+def test_repeated_identical_prompt_gives_the_cold_tokens(
+    engine: Engine, backend: LlamaBackend
+) -> None:
+    prompt = chat(backend, "Explain gravity briefly.", SYSTEM)
+    cold = engine.generate(request(prompt, max_tokens=48, ignore_eos=True))
+
+    again = engine.generate(request(prompt, max_tokens=48, ignore_eos=True))
+
+    assert cold.usage.cached_tokens == 0
+    assert again.usage.cached_tokens > 200
+    assert tokens_of(again) == tokens_of(cold)
+
+
+def test_second_chat_turn_gives_the_cold_tokens(
+    engine: Engine, backend: LlamaBackend, forget_kv: Forget
+) -> None:
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "Name a famous painter."},
+    ]
+    first = engine.generate(request(encode_chat(backend, messages), max_tokens=64))
+    messages += [
+        {"role": "assistant", "content": first.candidates[0].text},
+        {"role": "user", "content": "Say that again, but shorter."},
+    ]
+    second_turn = encode_chat(backend, messages)
+
+    warm = engine.generate(request(second_turn, max_tokens=48, ignore_eos=True))
+    forget_kv(engine)
+    cold = engine.generate(request(second_turn, max_tokens=48, ignore_eos=True))
+
+    assert warm.usage.cached_tokens > 200
     assert tokens_of(warm) == tokens_of(cold)
 
 
@@ -247,15 +302,15 @@ def test_cancelling_one_of_eight_busy_slots_lets_a_queued_ninth_request_start(
     ninth = Watch()
     engine.submit(request(chat(backend, "Say hi."), max_tokens=8, ignore_eos=True), ninth)
 
-    waited = not ninth.started.wait(0.5)
-    queued = engine.stats.waiting_requests
+    queued = wait_until(lambda: engine.stats.waiting_requests == 1)
+    waited = not ninth.started.wait(0.3)
     tickets[3].cancel()
     ninth_result = ninth.result(timeout=30)
     for ticket in tickets:
         ticket.cancel()
     outcomes = [run.result() for run in runs]
 
-    assert waited and queued == 1
+    assert queued and waited
     assert outcomes[3].candidates[0].finish_reason == "cancelled"
     assert ninth_result.candidates[0].finish_reason == "length"
     assert len(ninth_result.candidates[0].tokens) == 8
@@ -284,7 +339,7 @@ def test_n_candidates_share_one_prefill_and_candidate_i_samples_with_seed_plus_i
     engine: Engine, backend: LlamaBackend
 ) -> None:
     prompt = chat(backend, "Invent a name for a lamp shop.")
-    sampled = {"max_tokens": 24, "temperature": 0.9, "ignore_eos": True}
+    sampled: dict[str, Any] = {"max_tokens": 24, "temperature": 0.9, "ignore_eos": True}
     prefilled_before = engine.stats.prefill_tokens
 
     group = engine.generate(request(prompt, n=3, seed=77, **sampled))
@@ -317,14 +372,6 @@ def test_multibyte_characters_split_across_tokens_stream_without_replacement_cha
     assert not any("\ufffd" in text for text in watch.texts)
     pieces = [backend.token_bytes(token) for token in candidate.tokens]
     assert any(not is_utf8(piece) for piece in pieces), "no character was split across tokens"
-
-
-def is_utf8(data: bytes) -> bool:
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 def test_stop_string_cuts_the_plain_text_before_its_first_occurrence(

@@ -168,8 +168,9 @@ def test_long_prompt_is_prefilled_in_chunks_while_another_stream_decodes(
         engine.step()
         tokens_per_step.append(len(token_events(decoding)) - before)
 
-    # 100 prompt tokens: twelve chunks of 8 and one of 4, each beside one decoded token.
-    assert backend.batch_sizes[steps_before:] == [1 + 8] * 12 + [1 + 4]
+    # 100 prompt tokens: twelve chunks of 8 and one of 4, each in its own call beside the
+    # call that decodes the running stream's token.
+    assert backend.batch_sizes[steps_before:] == [1, 8] * 12 + [1, 4]
     assert tokens_per_step == [1] * 13
 
 
@@ -279,7 +280,7 @@ def test_prompt_sharing_a_prefix_reuses_resident_kv(
     assert warm.candidates[0].tokens == cold.candidates[0].tokens
 
 
-def test_repeated_prompt_reuses_all_but_its_last_token(
+def test_repeated_prompt_reuses_all_but_its_last_two_tokens(
     make_engine: MakeEngine, tokenize: Tokenize
 ) -> None:
     engine = make_engine()
@@ -288,7 +289,7 @@ def test_repeated_prompt_reuses_all_but_its_last_token(
 
     again = engine.generate(request(prompt, max_tokens=10))
 
-    assert again.usage.cached_tokens == len(prompt) - 1
+    assert again.usage.cached_tokens == len(prompt) - 2
     assert again.candidates[0].tokens == first.candidates[0].tokens
 
 
@@ -601,8 +602,8 @@ def test_usage_counts_prompt_completion_and_cached_tokens(
     assert (first.usage.prompt_tokens, first.usage.completion_tokens) == (len(prompt), 9)
     assert first.usage.cached_tokens == 0
     assert (second.usage.prompt_tokens, second.usage.completion_tokens) == (len(prompt), 4)
-    assert second.usage.cached_tokens == len(prompt) - 1
-    assert second.usage.computed_prompt_tokens == 1
+    assert second.usage.cached_tokens == len(prompt) - 2
+    assert second.usage.computed_prompt_tokens == 2
 
 
 def test_engine_stats_count_requests_and_tokens(
@@ -617,8 +618,8 @@ def test_engine_stats_count_requests_and_tokens(
     stats = engine.stats
     assert (stats.requests_submitted, stats.requests_finished) == (2, 2)
     assert stats.prompt_tokens == 2 * len(prompt)
-    assert stats.reused_tokens == len(prompt) - 1
-    assert stats.prefill_tokens == len(prompt) + 1
+    assert stats.reused_tokens == len(prompt) - 2
+    assert stats.prefill_tokens == len(prompt) + 2
     assert stats.generated_tokens == 12
     assert stats.decode_steps == fake(engine).decode_calls
     assert stats.batch_tokens == fake(engine).decoded_tokens
