@@ -430,7 +430,9 @@ class Engine:
                 ]
                 drafts = self.policy.choose(requests, proposals)
         planned = []
-        for seq in decoding:
+        # With per-sequence KV, llama.cpp puts sequences in one micro-batch only while their
+        # ids ascend by one in batch order; any other order costs extra passes over weights.
+        for seq in sorted(decoding, key=lambda s: s.seq_id):
             draft = drafts.get(id(seq))
             tokens = [seq.next_token, *draft.tokens] if draft else [seq.next_token]
             for offset, token in enumerate(tokens):

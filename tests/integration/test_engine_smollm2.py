@@ -241,6 +241,32 @@ def test_second_chat_turn_gives_the_cold_tokens(
     assert tokens_of(warm) == tokens_of(cold)
 
 
+def test_session_turns_compute_only_the_new_message_and_give_the_cold_tokens(
+    engine: Engine, backend: LlamaBackend, forget_kv: Forget
+) -> None:
+    questions = ["Name a famous painter.", "Where was he born?", "Name one of his works."]
+    messages = [{"role": "system", "content": SYSTEM}]
+    for turn, question in enumerate(questions):
+        messages.append({"role": "user", "content": question})
+        prompt = encode_chat(backend, messages)
+        session = GenerationRequest(prompt, SamplingParams(max_tokens=24), session_id="talk")
+        # Between turns the idle engine recomputes the answer as a prompt chunk.
+        assert wait_until(lambda: not engine.busy)
+        warm = engine.generate(session)
+        if turn > 0:
+            new_message = encode_chat(backend, [{"role": "user", "content": question}])
+            computed = warm.usage.computed_prompt_tokens
+            assert computed <= len(new_message) + 8, (computed, len(new_message))
+            assert wait_until(lambda: not engine.busy)
+            forget_kv(engine)
+            cold = engine.generate(request(prompt, max_tokens=24))
+            assert tokens_of(warm) == tokens_of(cold)
+            # Put the conversation back in its pinned slot for the next turn.
+            forget_kv(engine)
+            assert tokens_of(engine.generate(session)) == tokens_of(cold)
+        messages.append({"role": "assistant", "content": warm.candidates[0].text})
+
+
 def test_prefix_copied_from_a_busy_slot_gives_the_cold_tokens(
     engine: Engine, backend: LlamaBackend, forget_kv: Forget
 ) -> None:
