@@ -6,15 +6,22 @@ plain argmax loop over it is the ground truth any greedy engine output must equa
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import pytest
+from litestar import Litestar
+from litestar.testing import TestClient
 
 from reame_core.backend.fake import FakeBackend
 from reame_core.engine.engine import Engine
 from reame_core.plugins import PluginHost
+from reame_core.runtime import start_runtime
+from reame_core.server.app import create_app
+from reame_core.server.service import ServerState
+from reame_core.settings import Settings
 
 
 @pytest.fixture
@@ -82,3 +89,34 @@ def drive() -> Callable[[Engine], None]:
         raise AssertionError(f"engine still busy after {max_steps} steps")
 
     return drive
+
+
+@pytest.fixture(scope="module")
+def plugins() -> PluginHost:
+    """The built-in plugins, which hold no state: one host serves every runtime here."""
+    return PluginHost(discover=False)
+
+
+@pytest.fixture
+def serve(plugins: PluginHost) -> Iterator[Callable[..., TestClient[Litestar]]]:
+    """Start the HTTP API over a fake backend with the model loaded; closed after the test."""
+    with contextlib.ExitStack() as stack:
+
+        def start(
+            settings: Settings | None = None, backend: FakeBackend | None = None
+        ) -> TestClient[Litestar]:
+            settings = settings or Settings()
+            server = ServerState(settings, api_keys=settings.all_api_keys())
+            client = stack.enter_context(TestClient(create_app(server)))
+            server.runtime = start_runtime(
+                settings, backend=backend or FakeBackend(), plugins=plugins
+            )
+            stack.callback(server.runtime.close)
+            return client
+
+        yield start
+
+
+@pytest.fixture
+def client(serve: Callable[..., TestClient[Litestar]]) -> TestClient[Litestar]:
+    return serve()

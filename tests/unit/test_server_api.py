@@ -7,10 +7,9 @@ The fake tokenizer maps byte b to token b, so a logit bias on token 120 means "x
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -29,35 +28,6 @@ from reame_core.settings import Settings
 Client = TestClient[Litestar]
 QUESTION = "Tell me about the sea."
 STORY = "Once upon a time"
-
-
-@pytest.fixture(scope="module")
-def plugins() -> PluginHost:
-    """The built-in plugins, which hold no state: one host serves every runtime here."""
-    return PluginHost(discover=False)
-
-
-@pytest.fixture
-def serve(plugins: PluginHost) -> Iterator[Callable[..., Client]]:
-    """Start the API over a fake backend with the model loaded; closed after the test."""
-    with contextlib.ExitStack() as stack:
-
-        def start(settings: Settings | None = None, backend: FakeBackend | None = None) -> Client:
-            settings = settings or Settings()
-            server = ServerState(settings, api_keys=settings.all_api_keys())
-            client = stack.enter_context(TestClient(create_app(server)))
-            server.runtime = start_runtime(
-                settings, backend=backend or FakeBackend(), plugins=plugins
-            )
-            stack.callback(server.runtime.close)
-            return client
-
-        yield start
-
-
-@pytest.fixture
-def client(serve: Callable[..., Client]) -> Client:
-    return serve()
 
 
 def chat(client: Client, headers: dict[str, str] | None = None, **fields: Any) -> httpx.Response:

@@ -36,12 +36,6 @@ ENDLESS = {
 SHORT = {"prompt": "Once upon a time", "max_tokens": 3, "temperature": 0}
 
 
-@pytest.fixture(scope="module")
-def plugins() -> PluginHost:
-    """The built-in plugins, which hold no state: one host serves every runtime here."""
-    return PluginHost(discover=False)
-
-
 @pytest.fixture
 def serve(plugins: PluginHost) -> Iterator[Callable[..., tuple[Litestar, ServerState]]]:
     """Build the app over a loaded fake backend; its runtime is closed after the test."""

@@ -4,8 +4,7 @@ the right status for each cause, API keys, and no 500 for any malformed input.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +14,6 @@ from litestar import Litestar
 from litestar.testing import TestClient
 
 from reame_core.backend.fake import FakeBackend
-from reame_core.plugins import PluginHost
-from reame_core.runtime import start_runtime
 from reame_core.server.app import create_app
 from reame_core.server.service import ServerState
 from reame_core.settings import Settings
@@ -25,35 +22,6 @@ Client = TestClient[Litestar]
 CHAT = "/v1/chat/completions"
 TEXT = "/v1/completions"
 MESSAGES = [{"role": "user", "content": "Tell me about the sea."}]
-
-
-@pytest.fixture(scope="module")
-def plugins() -> PluginHost:
-    """The built-in plugins, which hold no state: one host serves every runtime here."""
-    return PluginHost(discover=False)
-
-
-@pytest.fixture
-def serve(plugins: PluginHost) -> Iterator[Callable[..., Client]]:
-    """Start the API over a fake backend with the model loaded; closed after the test."""
-    with contextlib.ExitStack() as stack:
-
-        def start(settings: Settings | None = None, backend: FakeBackend | None = None) -> Client:
-            settings = settings or Settings()
-            server = ServerState(settings, api_keys=settings.all_api_keys())
-            client = stack.enter_context(TestClient(create_app(server)))
-            server.runtime = start_runtime(
-                settings, backend=backend or FakeBackend(), plugins=plugins
-            )
-            stack.callback(server.runtime.close)
-            return client
-
-        yield start
-
-
-@pytest.fixture
-def client(serve: Callable[..., Client]) -> Client:
-    return serve()
 
 
 def openai_error(

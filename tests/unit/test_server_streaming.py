@@ -7,9 +7,8 @@ sent, byte for byte; `test_server_concurrency.py` checks what happens while it i
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -20,46 +19,12 @@ from litestar.testing import TestClient
 
 from reame_core.backend.base import Batch, DecodeError
 from reame_core.backend.fake import FakeBackend
-from reame_core.plugins import PluginHost
-from reame_core.runtime import start_runtime
-from reame_core.server.app import create_app
-from reame_core.server.service import ServerState
-from reame_core.settings import Settings
 
 Client = TestClient[Litestar]
 CHAT = "/v1/chat/completions"
 TEXT = "/v1/completions"
 MESSAGES = [{"role": "user", "content": "Tell me about the sea."}]
 STORY = "Once upon a time"
-
-
-@pytest.fixture(scope="module")
-def plugins() -> PluginHost:
-    """The built-in plugins, which hold no state: one host serves every runtime here."""
-    return PluginHost(discover=False)
-
-
-@pytest.fixture
-def serve(plugins: PluginHost) -> Iterator[Callable[..., Client]]:
-    """Start the API over a fake backend with the model loaded; closed after the test."""
-    with contextlib.ExitStack() as stack:
-
-        def start(settings: Settings | None = None, backend: FakeBackend | None = None) -> Client:
-            settings = settings or Settings()
-            server = ServerState(settings, api_keys=settings.all_api_keys())
-            client = stack.enter_context(TestClient(create_app(server)))
-            server.runtime = start_runtime(
-                settings, backend=backend or FakeBackend(), plugins=plugins
-            )
-            stack.callback(server.runtime.close)
-            return client
-
-        yield start
-
-
-@pytest.fixture
-def client(serve: Callable[..., Client]) -> Client:
-    return serve()
 
 
 def body_for(route: str, **fields: Any) -> dict[str, Any]:
