@@ -418,9 +418,8 @@ class Engine:
     def _plan_decoding(self, batch: Batch, decoding: list[Sequence]) -> list[_Planned]:
         drafts: dict[int, DraftProposal] = {}
         if self._drafting and decoding:
-            # Leave a prefill chunk's worth of the batch to prompts waiting to start.
-            room = self.info.n_batch - (self.prefill_chunk if self._has_prefill() else 0)
-            requests = self.policy.requests(decoding, self.info.n_ctx_seq, room)
+            # Prompt chunks have calls of their own: the decode batch may fill n_batch.
+            requests = self.policy.requests(decoding, self.info.n_ctx_seq, self.info.n_batch)
             if requests:
                 proposals = [
                     proposal
@@ -439,9 +438,6 @@ class Engine:
                 batch.add(token, seq.n_kv + offset, seq.seq_id, True)
             planned.append(_Planned(seq, tokens, draft))
         return planned
-
-    def _has_prefill(self) -> bool:
-        return any(seq.phase is Phase.PREFILL for g in self._groups for seq in g.sequences)
 
     def _plan_prefill(
         self, prefilling: list[Sequence], busy: bool
