@@ -1,8 +1,9 @@
 """Token bytes in, safe text deltas out.
 
 Text is released only when it is complete and final: bytes of a UTF-8 character split
-across tokens wait for the rest, and text that could be the start of a stop string waits
-until it is clear that it is not. A matched stop string is cut, with everything after it.
+across tokens wait for the rest (and are dropped if the sequence ends first), and text that
+could be the start of a stop string waits until it is clear that it is not. A matched stop
+string is cut, with everything after it.
 """
 
 from __future__ import annotations
@@ -27,10 +28,14 @@ class TextStream:
         return self._release()
 
     def finish(self) -> str:
-        """The sequence ended: release whatever is held (no stop string can complete now)."""
+        """The sequence ended: release whatever is held (no stop string can complete now).
+
+        Bytes of a character the sequence did not finish (it hit max_tokens mid-character)
+        are dropped rather than shown as U+FFFD.
+        """
         if self.stopped:
             return ""
-        self._held += self._decoder.decode(b"", final=True)
+        self._decoder.reset()
         return self._release(final=True)
 
     def _release(self, final: bool = False) -> str:

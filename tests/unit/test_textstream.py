@@ -54,11 +54,12 @@ def test_finish_releases_held_stop_prefix() -> None:
     assert stream.text == "abEN"
 
 
-def test_finish_releases_an_incomplete_character_as_a_replacement() -> None:
+def test_finish_drops_an_incomplete_character() -> None:
     stream = TextStream()
 
     assert stream.push(b"a\xe2\x82") == "a"
-    assert stream.finish() == "\ufffd"
+    assert stream.finish() == ""
+    assert "\ufffd" not in stream.text
 
 
 def test_earliest_of_several_stop_strings_wins() -> None:
