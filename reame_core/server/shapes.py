@@ -93,11 +93,14 @@ def completion_logprobs(
     items: Sequence[TokenLogprob], token_bytes: TokenText, offset: int = 0
 ) -> dict[str, Any]:
     tokens, token_logprobs, top, offsets = [], [], [], []
+    seen = b""
     for item in items:
-        text = _token_string(token_bytes(item.token))
-        offsets.append(offset)
-        offset += len(text)
-        tokens.append(text)
+        data = token_bytes(item.token)
+        # Offsets count characters of the completion text; a token holding part of a
+        # character starts where that character does.
+        offsets.append(offset + len(seen.decode("utf-8", errors="ignore")))
+        seen += data
+        tokens.append(_token_string(data))
         token_logprobs.append(item.logprob)
         top.append({_token_string(token_bytes(t)): lp for t, lp in item.top})
     return {
