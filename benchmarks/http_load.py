@@ -2,8 +2,8 @@
 OpenAI-compatible server), reporting aggregate tok/s and time to first token p50/p95.
 
 With no --url it starts `reame serve` on the embedded model itself, then measures:
-  - serving overhead: one stream over HTTP vs the engine driven directly (goal >= 95%),
-    alternating, each engine measurement in its own process;
+  - serving overhead: one stream over HTTP (read by a plain blocking socket) vs the engine
+    driven directly (goal >= 95%), alternating, each engine measurement in its own process;
   - 1, 4 and 8 concurrent streams, aggregate.
 With --url it only drives that server (e.g. llama.cpp's llama-server with the same model,
 threads and slots, to compare).
@@ -61,6 +61,29 @@ async def one_stream(
             if '"usage":{' in line:
                 completion_tokens = json.loads(line[6:])["usage"]["completion_tokens"]
     return first or 0.0, completion_tokens
+
+
+def one_stream_blocking(url: str, prompt: str, tokens: int) -> float:
+    """The serving-overhead measurement: one stream read with a plain blocking socket, so
+    the client's own CPU use (on the server's cores) is as small as it can be."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    body = json.dumps(
+        {"prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
+         "stream": True}
+    )  # fmt: skip
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=600)
+    started = time.perf_counter()
+    connection.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 200, response.status
+    while response.read1(65536):
+        pass
+    elapsed = time.perf_counter() - started
+    connection.close()
+    return elapsed
 
 
 async def load(url: str, streams: int, tokens: int, model: str | None) -> dict[str, float]:
@@ -144,7 +167,7 @@ def main() -> None:
         http_seconds, engine_seconds = [], []
         with reame_server(args.threads) as url:
             for _ in range(args.reps):
-                http_seconds.append(asyncio.run(load(url, 1, args.tokens, None))["seconds"])
+                http_seconds.append(one_stream_blocking(url, PROMPTS[0], args.tokens))
                 engine_seconds.append(
                     measure(throughput, "engine", "1", "--tokens", str(args.tokens),
                             "--threads", str(args.threads))["seconds"]
