@@ -25,12 +25,12 @@ from reame_core.server.errors import APIError
 from reame_core.server.schemas import ChatCompletionRequest, CompletionRequest, parse_body
 from reame_core.server.service import (
     ServerState,
+    Submission,
     chat_requests,
     completion_id,
     completion_requests,
     now,
     reject_plugin_fields,
-    run_requests,
 )
 
 SESSION_HEADER = "x-session-id"
@@ -45,11 +45,17 @@ class _Job:
     """One API call in flight: its engine requests and what has come back so far."""
 
     def __init__(
-        self, state: ServerState, runtime: Runtime, requests: list[GenerationRequest], kind: str
+        self,
+        state: ServerState,
+        runtime: Runtime,
+        requests: list[GenerationRequest],
+        submission: Submission,
+        kind: str,
     ) -> None:
         self.state = state
         self.runtime = runtime
         self.requests = requests
+        self.submission = submission
         self.kind = kind  # "chat" or "text"
         self.id = completion_id("chatcmpl" if kind == "chat" else "cmpl")
         self.created = now()
@@ -74,13 +80,15 @@ class _Job:
 
     async def events(self) -> AsyncIterator[tuple[int, TokenEvent | FinishEvent]]:
         try:
-            async for index, event in run_requests(self.runtime, self.requests):
+            async for index, event in self.submission.events():
                 yield index, event
         finally:
             self.release()
 
     def release(self) -> None:
-        """Give back the queue places taken at admission (once, however the call ends)."""
+        """End the call however it ends: cancel what still runs (a client that hung up
+        before reading anything), give back the queue places taken at admission (once)."""
+        self.submission.cancel()
         if not self._released:
             self._released = True
             self.state.release(len(self.requests))
@@ -298,14 +306,17 @@ async def _serve(request: Request[Any, Any, Any], data: Any, kind: str) -> Respo
         requests = chat_requests(runtime, body, extensions, session)
     else:
         requests = completion_requests(runtime, body, extensions, session)
-    for engine_request in requests:
-        try:
-            runtime.engine.check(engine_request)
-        except ContextOverflowError as error:
-            error.param = "messages" if kind == "chat" else "prompt"
-            raise
-    server.admit(len(requests))
-    job = _Job(server, runtime, requests, kind)
+    try:
+        submission = Submission(runtime, requests)
+    except ContextOverflowError as error:
+        error.param = "messages" if kind == "chat" else "prompt"
+        raise
+    try:
+        server.admit(len(requests))
+    except APIError:
+        submission.cancel()
+        raise
+    job = _Job(server, runtime, requests, submission, kind)
     if body.stream:
         # The background task runs even when the client hangs up before the first chunk.
         return Stream(

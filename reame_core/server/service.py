@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from reame_core.backend.base import Backend
@@ -182,38 +183,43 @@ def completion_requests(
     return requests
 
 
-async def run_requests(
-    runtime: Runtime, requests: Sequence[GenerationRequest]
-) -> AsyncIterator[tuple[int, Event]]:
-    """Submit every request and yield (request index, event) until all are finished.
+class Submission:
+    """Requests handed to the engine together (each checked by `Engine.submit`, once), and
+    their events in arrival order. Submitting happens at construction, so a request the
+    engine refuses raises here, before any response has started."""
 
-    Leaving the iteration early (a client that went away) cancels whatever still runs.
-    """
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
-    tickets: list[Ticket] = []
-    for index, request in enumerate(requests):
-
-        def emit(event: Event, index: int = index) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, (index, event))
-
+    def __init__(self, runtime: Runtime, requests: Sequence[GenerationRequest]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+        self._tickets: list[Ticket] = []
+        self._remaining = len(requests)
         try:
-            tickets.append(runtime.engine.submit(request, emit))
+            for index, request in enumerate(requests):
+                self._tickets.append(runtime.engine.submit(request, partial(self._emit, index)))
         except BaseException:
-            for ticket in tickets:
-                ticket.cancel()
+            self.cancel()
             raise
-    remaining = len(requests)
-    try:
-        while remaining:
-            index, event = await queue.get()
-            if isinstance(event, FinishEvent):
-                remaining -= 1
-            yield index, event
-    finally:
-        if remaining:
-            for ticket in tickets:
+
+    def _emit(self, index: int, event: Event) -> None:
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, (index, event))
+
+    def cancel(self) -> None:
+        """Cancel what still runs (a client that went away)."""
+        if self._remaining:
+            for ticket in self._tickets:
                 ticket.cancel()
+
+    async def events(self) -> AsyncIterator[tuple[int, Event]]:
+        """Yield (request index, event) until every request has finished; leaving early
+        cancels the rest."""
+        try:
+            while self._remaining:
+                index, event = await self._queue.get()
+                if isinstance(event, FinishEvent):
+                    self._remaining -= 1
+                yield index, event
+        finally:
+            self.cancel()
 
 
 def now() -> int:
