@@ -112,3 +112,18 @@ def generate_together() -> Callable[[Engine, Sequence[GenerationRequest]], list[
         return [event for event in finished if event is not None]
 
     return generate
+
+
+@pytest.fixture(scope="session")
+def questions() -> tuple[str, ...]:
+    """Eight short chat questions, one per sequence slot."""
+    return (
+        "What is the capital of France?",
+        "Write a haiku about rain.",
+        "List three fruits.",
+        "Explain gravity briefly.",
+        "What is 2+2?",
+        "Name a famous painter.",
+        "Describe a cat.",
+        "Why is the sky blue?",
+    )

@@ -31,16 +31,6 @@ Together = Callable[[Engine, Sequence[GenerationRequest]], list[FinishEvent]]
 
 REAME = Path(sys.executable).parent / "reame"
 
-QUESTIONS = (
-    "What is the capital of France?",
-    "Write a haiku about rain.",
-    "List three fruits.",
-    "Explain gravity briefly.",
-    "What is 2+2?",
-    "Name a famous painter.",
-    "Describe a cat.",
-    "Why is the sky blue?",
-)
 
 SYSTEM = (
     "You are the support assistant of Lanterna, a small company that sells handmade oil "
@@ -118,9 +108,13 @@ def wait_until(condition: Callable[[], bool], timeout: float = 30) -> bool:
 
 
 def test_eight_concurrent_greedy_generations_equal_eight_serial_runs(
-    engine: Engine, backend: LlamaBackend, forget_kv: Forget, generate_together: Together
+    questions: tuple[str, ...],
+    engine: Engine,
+    backend: LlamaBackend,
+    forget_kv: Forget,
+    generate_together: Together,
 ) -> None:
-    requests = [request(chat(backend, q), max_tokens=48, ignore_eos=True) for q in QUESTIONS]
+    requests = [request(chat(backend, q), max_tokens=48, ignore_eos=True) for q in questions]
     serial = []
     for each in requests:
         forget_kv(engine)
@@ -136,7 +130,11 @@ def test_eight_concurrent_greedy_generations_equal_eight_serial_runs(
 
 
 def test_seeded_sampled_request_gives_the_same_tokens_alone_and_batched(
-    engine: Engine, backend: LlamaBackend, forget_kv: Forget, generate_together: Together
+    questions: tuple[str, ...],
+    engine: Engine,
+    backend: LlamaBackend,
+    forget_kv: Forget,
+    generate_together: Together,
 ) -> None:
     seeded = request(
         chat(backend, "Invent a name for a lamp shop."),
@@ -148,9 +146,9 @@ def test_seeded_sampled_request_gives_the_same_tokens_alone_and_batched(
     alone = tokens_of(engine.generate(seeded))
     forget_kv(engine)
     neighbours = [
-        request(chat(backend, QUESTIONS[0]), max_tokens=40, ignore_eos=True),
-        request(chat(backend, QUESTIONS[1]), max_tokens=40, temperature=0.7, seed=5),
-        request(chat(backend, QUESTIONS[2]), max_tokens=40, temperature=1.2),
+        request(chat(backend, questions[0]), max_tokens=40, ignore_eos=True),
+        request(chat(backend, questions[1]), max_tokens=40, temperature=0.7, seed=5),
+        request(chat(backend, questions[2]), max_tokens=40, temperature=1.2),
     ]
 
     batched = generate_together(engine, [neighbours[0], seeded, *neighbours[1:]])
@@ -316,12 +314,12 @@ def test_cancelled_generation_ends_promptly_and_the_engine_keeps_serving(
 
 
 def test_cancelling_one_of_eight_busy_slots_lets_a_queued_ninth_request_start(
-    engine: Engine, backend: LlamaBackend
+    questions: tuple[str, ...], engine: Engine, backend: LlamaBackend
 ) -> None:
-    runs = [Watch() for _ in QUESTIONS]
+    runs = [Watch() for _ in questions]
     tickets = [
         engine.submit(request(chat(backend, q), max_tokens=400, ignore_eos=True), run)
-        for q, run in zip(QUESTIONS, runs, strict=True)
+        for q, run in zip(questions, runs, strict=True)
     ]
     for run in runs:
         assert run.started.wait(60)

@@ -25,17 +25,6 @@ Together = Callable[[Engine, Sequence[GenerationRequest]], list[FinishEvent]]
 NEAR_TIE = 1.0
 MAX_TOKENS = 48
 
-QUESTIONS = (
-    "What is the capital of France?",
-    "Write a haiku about rain.",
-    "List three fruits.",
-    "Explain gravity briefly.",
-    "What is 2+2?",
-    "Name a famous painter.",
-    "Describe a cat.",
-    "Why is the sky blue?",
-)
-
 
 @pytest.fixture(scope="module")
 def fast_backend(smollm2_path: Path) -> Iterator[LlamaBackend]:
@@ -65,13 +54,14 @@ def top_two_gap(backend: Backend, tokens: Sequence[int]) -> float:
 
 
 def test_concurrent_greedy_runs_follow_serial_runs_until_a_near_tie(
+    questions: tuple[str, ...],
     fast_backend: LlamaBackend,
     make_engine: Callable[[Backend], Engine],
     forget_kv: Callable[[Engine], None],
     generate_together: Together,
 ) -> None:
     engine = make_engine(fast_backend)
-    prompts = [encode_chat(fast_backend, [{"role": "user", "content": q}]) for q in QUESTIONS]
+    prompts = [encode_chat(fast_backend, [{"role": "user", "content": q}]) for q in questions]
     requests = [
         GenerationRequest(prompt, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
         for prompt in prompts

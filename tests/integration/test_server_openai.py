@@ -15,16 +15,6 @@ import openai
 import pytest
 
 API_KEY = "test-key-123"
-QUESTIONS = [
-    "Name a large animal.",
-    "What is two plus two?",
-    "Describe the sea in one sentence.",
-    "Give me a word that rhymes with cat.",
-    "What colour is the sky?",
-    "Say something about bread.",
-    "Which planet is the largest?",
-    "What do bees make?",
-]
 
 
 def _free_port() -> int:
@@ -165,13 +155,15 @@ def test_logprobs_come_back_for_each_token(client: openai.OpenAI) -> None:
         assert item.logprob == pytest.approx(max(t.logprob for t in item.top_logprobs))
 
 
-def test_eight_concurrent_streams_equal_serial_answers(client: openai.OpenAI) -> None:
+def test_eight_concurrent_streams_equal_serial_answers(
+    questions: tuple[str, ...], client: openai.OpenAI
+) -> None:
     def ask(question: str) -> str:
         return _chat(client, question, max_tokens=32, temperature=0)
 
-    serial = [ask(question) for question in QUESTIONS]
+    serial = [ask(question) for question in questions]
     with ThreadPoolExecutor(max_workers=8) as pool:
-        concurrent = list(pool.map(ask, QUESTIONS))
+        concurrent = list(pool.map(ask, questions))
     assert concurrent == serial
 
 
