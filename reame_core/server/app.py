@@ -52,7 +52,9 @@ def create_app(server: ServerState) -> Litestar:
     settings = server.settings
     cors = CORSConfig(allow_origins=settings.cors_origins) if settings.cors_origins else None
 
-    def count_response(message: Any, scope: Any) -> None:
+    # Async on purpose: Litestar runs a sync hook in a worker thread, once per message
+    # sent, which would cost a thread hand-off for every streamed chunk.
+    async def count_response(message: Any, scope: Any) -> None:
         if message["type"] == "http.response.start" and server.metrics is not None:
             # Unmatched paths share one label: clients must not mint new series at will.
             route = scope.get("path_template") or "unmatched"

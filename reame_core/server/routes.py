@@ -49,13 +49,12 @@ class _Job:
         state: ServerState,
         runtime: Runtime,
         requests: list[GenerationRequest],
-        submission: Submission,
         kind: str,
+        stream: bool,
     ) -> None:
         self.state = state
         self.runtime = runtime
         self.requests = requests
-        self.submission = submission
         self.kind = kind  # "chat" or "text"
         self.id = completion_id("chatcmpl" if kind == "chat" else "cmpl")
         self.created = now()
@@ -65,11 +64,25 @@ class _Job:
         self.metrics = state.metrics
         self._last_event = 0.0
         self._released = False
+        self._admitted = False
+        # Submits to the engine: a request it refuses raises here.
+        self.submission = Submission(
+            runtime, requests, stream=stream, on_tokens=self.observe_tokens
+        )
+
+    def admit(self) -> None:
+        """Take the call's places in the server's queue (429 when it is full)."""
+        try:
+            self.state.admit(len(self.requests))
+        except APIError:
+            self.submission.cancel()
+            raise
+        self._admitted = True
 
     def choice_index(self, request_index: int, candidate: int) -> int:
         return request_index * self.n + candidate
 
-    def observe_tokens(self) -> None:
+    def observe_tokens(self) -> None:  # engine thread, as each token event is emitted
         moment = time.perf_counter()
         if self.metrics is not None:
             if self._last_event == 0.0:
@@ -89,7 +102,7 @@ class _Job:
         """End the call however it ends: cancel what still runs (a client that hung up
         before reading anything), give back the queue places taken at admission (once)."""
         self.submission.cancel()
-        if not self._released:
+        if self._admitted and not self._released:
             self._released = True
             self.state.release(len(self.requests))
 
@@ -112,7 +125,6 @@ class _Job:
             if isinstance(event, FinishEvent):
                 finished[index] = event
             else:
-                self.observe_tokens()
                 logprobs.setdefault((index, event.candidate), []).extend(event.logprobs)
         choices = []
         for index in sorted(finished):
@@ -186,7 +198,6 @@ class _Job:
         usages = []
         async for index, event in self.events():
             if isinstance(event, TokenEvent):
-                self.observe_tokens()
                 if not event.text and not event.logprobs:
                     continue
                 position = self.choice_index(index, event.candidate)
@@ -307,16 +318,11 @@ async def _serve(request: Request[Any, Any, Any], data: Any, kind: str) -> Respo
     else:
         requests = completion_requests(runtime, body, extensions, session)
     try:
-        submission = Submission(runtime, requests)
+        job = _Job(server, runtime, requests, kind, body.stream)
     except ContextOverflowError as error:
         error.param = "messages" if kind == "chat" else "prompt"
         raise
-    try:
-        server.admit(len(requests))
-    except APIError:
-        submission.cancel()
-        raise
-    job = _Job(server, runtime, requests, submission, kind)
+    job.admit()
     if body.stream:
         # The background task runs even when the client hangs up before the first chunk.
         return Stream(

@@ -8,7 +8,8 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -186,11 +187,28 @@ def completion_requests(
 class Submission:
     """Requests handed to the engine together (each checked by `Engine.submit`, once), and
     their events in arrival order. Submitting happens at construction, so a request the
-    engine refuses raises here, before any response has started."""
+    engine refuses raises here, before any response has started.
 
-    def __init__(self, runtime: Runtime, requests: Sequence[GenerationRequest]) -> None:
+    Events cross from the engine thread to the event loop through a deque. Waking the loop
+    costs the decoding threads CPU on a small host, so it is woken once per burst of
+    events, and, for a response that is not streamed, only when a request finishes.
+    `on_tokens` runs on the engine thread as each token event arrives (for latency metrics).
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        requests: Sequence[GenerationRequest],
+        *,
+        stream: bool = True,
+        on_tokens: Callable[[], None] | None = None,
+    ) -> None:
         self._loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+        self._stream = stream
+        self._on_tokens = on_tokens
+        self._pending: deque[tuple[int, Event]] = deque()
+        self._arrived = asyncio.Event()
+        self._wake_scheduled = False
         self._tickets: list[Ticket] = []
         self._remaining = len(requests)
         try:
@@ -200,8 +218,20 @@ class Submission:
             self.cancel()
             raise
 
-    def _emit(self, index: int, event: Event) -> None:
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, (index, event))
+    def _emit(self, index: int, event: Event) -> None:  # engine thread
+        finished = isinstance(event, FinishEvent)
+        if not finished and self._on_tokens is not None:
+            self._on_tokens()
+        self._pending.append((index, event))
+        # Append before testing the flag: if a wake is already scheduled, it has not yet
+        # run, so it will find this event.
+        if (finished or self._stream) and not self._wake_scheduled:
+            self._wake_scheduled = True
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        self._wake_scheduled = False
+        self._arrived.set()
 
     def cancel(self) -> None:
         """Cancel what still runs (a client that went away)."""
@@ -214,7 +244,10 @@ class Submission:
         cancels the rest."""
         try:
             while self._remaining:
-                index, event = await self._queue.get()
+                while not self._pending:
+                    self._arrived.clear()
+                    await self._arrived.wait()
+                index, event = self._pending.popleft()
                 if isinstance(event, FinishEvent):
                     self._remaining -= 1
                 yield index, event
