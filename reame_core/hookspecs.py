@@ -84,7 +84,9 @@ def reame_sequence_started(seq: SequenceView) -> None:
 
 @hookspec
 def reame_generation_finished(seq: SequenceView, finish_reason: str, text: str) -> None:
-    """A candidate sequence finished. Its tokens are final; the archive may keep them."""
+    """A candidate sequence ended; its tokens are final. Called once per sequence however it
+    ends: `finish_reason` is "stop" or "length" for a complete generation (an archive may
+    keep those), "cancelled" or "error" otherwise (release what is held for `seq`)."""
 
 
 @hookspec
@@ -126,7 +128,7 @@ def reame_prefix_store(tokens: Sequence[int], state: bytes, model: ModelInfo) ->
 def reame_propose_drafts(requests: Sequence[DraftRequest]) -> Iterable[DraftProposal] | None:
     """Propose continuations for some of the decoding sequences.
 
-    Called once per step with every sequence the speculation policy lets draft. A source
+    Called once per step with every sequence the speculation governor lets draft. A source
     returns proposals for the sequences it has a guess for (at most ``max_tokens`` each)
     and nothing for the rest. When several sources propose for one sequence, the policy
     keeps one. Batch the work across sequences when that is cheaper (a draft model).

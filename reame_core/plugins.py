@@ -22,9 +22,12 @@ from reame_core import hookspecs
 log = structlog.get_logger(__name__)
 
 ENTRY_POINT_GROUP = "reame"
+# A module, or "module:Class" for a plugin with state of its own (one instance per host).
 BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
     ("verification", "reame_core.builtins.verification"),
     ("selection", "reame_core.builtins.selection"),
+    ("prompt_lookup", "reame_core.builtins.prompt_lookup:PromptLookup"),
+    ("draft_model", "reame_core.builtins.draft_model:DraftModel"),
 )
 
 
@@ -52,7 +55,7 @@ class PluginHost:
         for name, module_name in BUILTIN_PLUGINS:
             if self._skip(name, core, builtin=True):
                 continue
-            self._register(importlib.import_module(module_name), name, core, builtin=True)
+            self._register(_builtin(module_name), name, core, builtin=True)
         if discover:
             for entry_point in metadata.entry_points(group=ENTRY_POINT_GROUP):
                 self._load(entry_point)
@@ -105,6 +108,12 @@ class PluginHost:
             )
             return
         self._register(plugin, name, info, builtin=False)
+
+
+def _builtin(target: str) -> object:
+    module_name, _colon, factory = target.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, factory)() if factory else module
 
 
 def _distribution_of(package: str) -> tuple[str, str]:

@@ -36,6 +36,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    speculate: Literal["auto", "on", "off"] | None = None  # None: the server's setting
 
     def __post_init__(self) -> None:
         checks: list[tuple[str, bool, str]] = [
@@ -50,6 +51,7 @@ class SamplingParams:
             ("penalty_last_n", self.penalty_last_n >= 0, "must be 0 or positive"),
             ("logprobs", self.logprobs is None or 0 <= self.logprobs <= 20, "must be in [0, 20]"),
             ("stop", len(self.stop) <= 16 and all(self.stop), "at most 16 non-empty strings"),
+            ("speculate", self.speculate in (None, "auto", "on", "off"), "is auto, on or off"),
         ]
         for name, ok, message in checks:
             if not ok:

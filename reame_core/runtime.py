@@ -56,6 +56,8 @@ def start_runtime(
         backend,
         plugins,
         prefill_chunk=settings.prefill_chunk,
+        draft_max=settings.draft_max,
+        speculate=settings.speculate,
         max_sessions=settings.max_sessions,
         exact_reuse=settings.deterministic,
     ).start()

@@ -47,6 +47,15 @@ class Settings(BaseSettings):
         description="Per-sequence KV and no flash attention: a request's tokens do not "
         "depend on its batch neighbours or on cache hits.",
     )
+    speculate: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Speculative decoding: auto lets the governor decide where it pays; on "
+        "verifies every draft; off never drafts. A request may override it.",
+    )
+    draft_max: int = Field(16, ge=0, le=64, description="Most draft tokens per sequence and step.")
+    draft_model: str | None = Field(
+        None, description="Smaller model of the same vocabulary that drafts for the target."
+    )
     disable_plugins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
     log_json: bool = False

@@ -68,6 +68,13 @@ class Backend(Protocol):
         """
         ...
 
+    def passes(self, layout: Sequence[tuple[int, int]]) -> list[int]:
+        """How a batch is cut into passes over the weights (micro-batches): the token count
+        of each pass, for a batch holding `layout` = (seq_id, tokens) in batch order.
+        Each pass costs about a full read of the weights, so the speculation governor
+        prices a plan by its passes."""
+        ...
+
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
         """Forget positions [p0, p1) of a sequence (p1 < 0: to the end)."""
         ...
@@ -93,6 +100,33 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def equal_split_passes(layout: Sequence[tuple[int, int]], n_ubatch: int) -> list[int]:
+    """The passes of llama.cpp's equal split (per-sequence KV): a pass takes the same number
+    of tokens from each sequence of a run of ascending consecutive sequence ids."""
+    remaining = {seq_id: n for seq_id, n in layout if n > 0}
+    order = [seq_id for seq_id, n in layout if n > 0]
+    passes = []
+    while remaining:
+        chosen: list[int] = []
+        for seq_id in order:
+            if seq_id in remaining and (not chosen or seq_id == chosen[-1] + 1):
+                chosen.append(seq_id)
+        chosen = chosen[: max(1, n_ubatch)]
+        per_seq = min(min(remaining[s] for s in chosen), max(1, n_ubatch // len(chosen)))
+        passes.append(per_seq * len(chosen))
+        for seq_id in chosen:
+            remaining[seq_id] -= per_seq
+            if remaining[seq_id] == 0:
+                del remaining[seq_id]
+    return passes
+
+
+def simple_split_passes(n_tokens: int, n_ubatch: int) -> list[int]:
+    """The passes of llama.cpp's simple split (unified KV): consecutive runs of tokens."""
+    full, rest = divmod(n_tokens, n_ubatch)
+    return [n_ubatch] * full + ([rest] if rest else [])
 
 
 def detokenize(backend: Backend, tokens: Sequence[int], *, special: bool = False) -> str:

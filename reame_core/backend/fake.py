@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from reame_core.backend.base import Batch, DecodeError
+from reame_core.backend.base import Batch, DecodeError, equal_split_passes
 from reame_core.hooktypes import FimTokens, ModelInfo
 
 BOS, EOS, FIM_PRE, FIM_SUF, FIM_MID, IM_START, IM_END = range(256, 263)
@@ -42,7 +42,10 @@ _STATE_MAGIC = b"FAKEKV1\0"
 
 
 class FakeBackend:
-    """See the module docstring. `eos_every`: roughly one context in N ends greedily."""
+    """See the module docstring. `eos_every`: roughly one context in N ends greedily.
+
+    A decode costs `step_cost_s` per pass over the weights (cut as llama.cpp cuts a batch
+    with per-sequence KV) plus `token_cost_s` per token."""
 
     def __init__(
         self,
@@ -156,12 +159,16 @@ class FakeBackend:
             cells.append(token)
             if want:
                 rows.append(self.logits_after(cells))
-        cost = self.step_cost_s + self.token_cost_s * len(batch)
+        layout = _layout(batch)
+        cost = self.step_cost_s * len(self.passes(layout)) + self.token_cost_s * len(batch)
         if cost > 0:
             time.sleep(cost)
         if not rows:
             return np.empty((0, N_VOCAB), dtype=np.float32)
         return np.stack(rows)
+
+    def passes(self, layout: Sequence[tuple[int, int]]) -> list[int]:
+        return equal_split_passes(layout, self._info.n_batch)
 
     # ------------------------------------------------------------------ memory
 
@@ -201,3 +208,14 @@ class FakeBackend:
 
     def close(self) -> None:
         self.kv.clear()
+
+
+def _layout(batch: Batch) -> list[tuple[int, int]]:
+    """(seq_id, tokens) runs of a batch, in batch order."""
+    layout: list[tuple[int, int]] = []
+    for seq_id in batch.seq_ids:
+        if layout and layout[-1][0] == seq_id:
+            layout[-1] = (seq_id, layout[-1][1] + 1)
+        else:
+            layout.append((seq_id, 1))
+    return layout

@@ -12,6 +12,7 @@ import ctypes
 import hashlib
 import os
 from array import array
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,12 @@ import llama_cpp
 import numpy as np
 import structlog
 
-from reame_core.backend.base import Batch, DecodeError
+from reame_core.backend.base import (
+    Batch,
+    DecodeError,
+    equal_split_passes,
+    simple_split_passes,
+)
 from reame_core.errors import ModelLoadError
 from reame_core.hooktypes import FimTokens, ModelInfo
 
@@ -56,6 +62,28 @@ def default_flash_attn(deterministic: bool) -> bool:
     """Off in the deterministic configuration: with flash attention on, a restored prefix
     changed the greedy tokens even with per-sequence KV (docs/BENCHMARKS.md)."""
     return not deterministic
+
+
+def vocab_pieces(path: str | Path) -> list[bytes]:
+    """Every token's bytes (control tokens as written), read without loading the weights."""
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        raise ModelLoadError(f"llama.cpp could not read the vocabulary of {path}")
+    try:
+        vocab = llama_cpp.llama_model_get_vocab(model)
+        buf = ctypes.create_string_buffer(256)
+        pieces = []
+        for token in range(llama_cpp.llama_vocab_n_tokens(vocab)):
+            n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, True)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, True)
+            pieces.append(buf.raw[:n])
+        return pieces
+    finally:
+        llama_cpp.llama_model_free(model)
 
 
 def file_digest(path: Path) -> str:
@@ -265,6 +293,12 @@ class LlamaBackend:
         return view
 
     # ------------------------------------------------------------------ memory
+
+    def passes(self, layout: Sequence[tuple[int, int]]) -> list[int]:
+        n_batch = self._info.n_batch
+        if self.deterministic and self._info.n_seq_max > 1:  # one KV stream per sequence
+            return equal_split_passes(layout, n_batch)
+        return simple_split_passes(sum(n for _seq, n in layout), n_batch)
 
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
         return bool(llama_cpp.llama_memory_seq_rm(self._memory, seq_id, p0, p1))

@@ -1,10 +1,15 @@
 """Verifying drafts against the target model, so speculation never changes the output.
 
-Greedy requests keep the longest draft prefix that equals the target's argmax. Sampled
-requests use speculative rejection sampling: draft token x is kept with probability
-min(1, p(x) / q(x)); on rejection the token is drawn from the residual max(0, p - q),
-renormalized. Deterministic sources have q one-hot, so x is kept with probability p(x).
-Either way the tokens follow the target's own distribution exactly.
+Deterministic sources (prompt lookup, grammar, archive, a greedy draft model: no `probs`)
+are checked by sampling the target's own token at each draft position, exactly as plain
+decoding would (same adjustments, same random stream, one draw per committed token), and
+keeping the draft while they agree. Greedy requests keep the longest prefix equal to the
+argmax; sampled requests accept draft x with probability p(x), the one-hot case of
+speculative sampling, and a seeded request gives the same tokens with or without drafts.
+Drafts that come with their distribution q (a sampling draft model) go through speculative
+rejection sampling: x is kept with probability min(1, p(x) / q(x)), otherwise a token is
+drawn from the residual max(0, p - q), renormalized. Either way the tokens follow the
+target's distribution exactly.
 """
 
 from __future__ import annotations
@@ -26,26 +31,21 @@ def reame_verify_drafts(
     seq: SequenceView, draft: DraftProposal, logits: np.ndarray, sampler: TokenSampler
 ) -> Verification:
     accepted: list[int] = []
-    greedy = sampler.params.greedy
-    for i, token in enumerate(draft.tokens):
-        adjusted = sampler.adjust(logits[i], accepted)
-        if greedy:
-            target = int(np.argmax(adjusted))
+    if draft.probs is None or sampler.params.greedy:
+        for i, token in enumerate(draft.tokens):
+            target = sampler.sample(logits[i], accepted)
             if target != token:
                 return Verification(len(accepted), (*accepted, target))
-        else:
-            p = sampler.probabilities(adjusted)
-            q = draft.probs[i] if draft.probs is not None else None
-            q_token = 1.0 if q is None else float(q[token])
-            if q_token <= 0.0 or sampler.rng.random() * q_token >= p[token]:
-                residual = p.copy()
-                if q is None:
-                    residual[token] = 0.0
-                else:
-                    residual = np.maximum(residual - q, 0.0)
+            accepted.append(token)
+    else:
+        for i, token in enumerate(draft.tokens):
+            p = sampler.probabilities(sampler.adjust(logits[i], accepted))
+            q = draft.probs[i]
+            if q[token] <= 0.0 or sampler.rng.random() * q[token] >= p[token]:
+                residual = np.maximum(p - q, 0.0)
                 if residual.sum() <= 0.0:
                     residual = p
                 return Verification(len(accepted), (*accepted, sampler.draw(residual)))
-        accepted.append(token)
+            accepted.append(token)
     bonus = sampler.sample(logits[len(draft.tokens)], accepted)
     return Verification(len(accepted), (*accepted, bonus))

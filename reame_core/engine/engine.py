@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import queue
 import secrets
 import threading
@@ -24,12 +25,12 @@ import numpy as np
 import structlog
 
 from reame_core.backend.base import Backend, Batch, DecodeError
+from reame_core.engine.governor import Governor, Mode
 from reame_core.engine.sampler import TokenSampler
 from reame_core.engine.sequence import Phase, RequestGroup, Sequence
 from reame_core.engine.slots import KVSlots, Slot
-from reame_core.engine.speculation import DraftPolicy
 from reame_core.errors import ContextOverflowError, RequestError
-from reame_core.hooktypes import CandidateView, DraftProposal, Verification
+from reame_core.hooktypes import CandidateView, DraftProposal, DraftRequest, Verification
 from reame_core.plugins import PluginHost
 from reame_core.request import (
     Event,
@@ -95,7 +96,8 @@ class Engine:
         plugins: PluginHost | None = None,
         *,
         prefill_chunk: int = 128,
-        draft_max: int = 8,
+        draft_max: int = 16,
+        speculate: Mode = "auto",
         max_sessions: int | None = None,
         exact_reuse: bool = True,
     ) -> None:
@@ -105,14 +107,20 @@ class Engine:
         self.hook = self.plugins.hook
         self.slots = KVSlots(backend, max_sessions, exact_reuse=exact_reuse)
         self.prefill_chunk = prefill_chunk
-        self.policy = DraftPolicy(draft_max)
+        self._draft_sources = [impl for impl in self.hook.reame_propose_drafts.get_hookimpls()]
+        self.governor = Governor(
+            [impl.plugin_name for impl in self._draft_sources],
+            backend.passes,
+            mode=speculate,
+            draft_max=draft_max,
+        )
         self.stats = EngineStats()
         self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._waiting: deque[RequestGroup] = deque()
         self._groups: list[RequestGroup] = []
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self._drafting = self.plugins.has_implementations("reame_propose_drafts")
+        self._drafting = bool(self._draft_sources)
         self._constrained = self.plugins.has_implementations("reame_constrain_logits")
         self._committing = self.plugins.has_implementations("reame_tokens_committed")
 
@@ -278,6 +286,9 @@ class Engine:
                 self._fail(item.seq.group, "the model could not decode this request")
             return
         elapsed = time.perf_counter() - started
+        self.governor.observe_decode(
+            [(item.seq.seq_id, len(item.tokens)) for item in planned], elapsed
+        )
         self.stats.decode_steps += 1
         self.stats.decode_seconds += elapsed
         self.stats.batch_tokens += len(batch)
@@ -419,15 +430,12 @@ class Engine:
         drafts: dict[int, DraftProposal] = {}
         if self._drafting and decoding:
             # Prompt chunks have calls of their own: the decode batch may fill n_batch.
-            requests = self.policy.requests(decoding, self.info.n_ctx_seq, self.info.n_batch)
+            requests, sources = self.governor.requests(
+                decoding, self.info.n_ctx_seq, self.info.n_batch
+            )
             if requests:
-                proposals = [
-                    proposal
-                    for result in self.hook.reame_propose_drafts(requests=requests)
-                    if result
-                    for proposal in result
-                ]
-                drafts = self.policy.choose(requests, proposals)
+                proposals = self._propose(requests, sources)
+                drafts = self.governor.choose(decoding, requests, proposals)
         planned = []
         # With per-sequence KV, llama.cpp puts sequences in one micro-batch only while their
         # ids ascend by one in batch order; any other order costs extra passes over weights.
@@ -438,6 +446,22 @@ class Engine:
                 batch.add(token, seq.n_kv + offset, seq.seq_id, True)
             planned.append(_Planned(seq, tokens, draft))
         return planned
+
+    def _propose(self, requests: list[DraftRequest], sources: set[str]) -> list[DraftProposal]:
+        """Ask each chosen draft source, timing it: the governor weighs its cost. Proposals
+        carry the name of the plugin that made them."""
+        proposals: list[DraftProposal] = []
+        for impl in self._draft_sources:
+            if impl.plugin_name not in sources:
+                continue
+            started = time.perf_counter()
+            result = impl.function(requests=requests)
+            self.governor.proposed(impl.plugin_name, time.perf_counter() - started)
+            for proposal in result or ():
+                if proposal.source != impl.plugin_name:
+                    proposal = dataclasses.replace(proposal, source=impl.plugin_name)
+                proposals.append(proposal)
+        return proposals
 
     def _plan_prefill(
         self, prefilling: list[Sequence], busy: bool
@@ -520,7 +544,7 @@ class Engine:
         accepted = verdict.accepted
         # KV now holds next_token + every draft; keep next_token + the accepted ones.
         self.slots.rollback(seq.slot, seq.n_kv - len(draft.tokens) + accepted)
-        self.policy.record(draft, accepted)
+        self.governor.record(seq, draft, accepted)
         stats = self.stats
         stats.draft_proposed[draft.source] = stats.draft_proposed.get(draft.source, 0) + len(
             draft.tokens
@@ -587,8 +611,7 @@ class Engine:
         pin = group.request.session_id if seq.candidate == 0 else None
         self.slots.release(seq.slot, session=pin)
         group.usage.completion_tokens += len(seq.output)
-        if reason != "cancelled":
-            self.hook.reame_generation_finished(seq=seq, finish_reason=reason, text=seq.text.text)
+        self._ended(seq)
         if len(group.sequences) > 1 and not group.done and not group.stop_others:
             selection = self.hook.reame_select_candidates(
                 request=group.request, candidates=self._views(group), final=False
@@ -598,6 +621,12 @@ class Engine:
                 for other in group.sequences:
                     if not other.finished:
                         self._finish(other, "stop")
+
+    def _ended(self, seq: Sequence) -> None:
+        """Every sequence passes here once, however it ends."""
+        self.governor.forget(seq)
+        reason = seq.finish_reason or "stop"
+        self.hook.reame_generation_finished(seq=seq, finish_reason=reason, text=seq.text.text)
 
     def _settle_groups(self) -> None:
         for group in [g for g in self._groups if g.done]:
@@ -661,6 +690,7 @@ class Engine:
                 seq.finish_reason = "error"
                 group.usage.completion_tokens += len(seq.output)
                 self.slots.release(seq.slot)
+                self._ended(seq)
         self._groups.remove(group)
         self._complete(group, error=message)
 

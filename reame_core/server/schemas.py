@@ -60,6 +60,8 @@ class _Generation(_Strict):
     ignore_eos: bool = False
     # Reame's own: keep this conversation's KV between turns (also header X-Session-ID).
     session_id: str | None = Field(None, max_length=200)
+    # Reame's own: speculative decoding for this request (default: the server's --speculate).
+    speculate: Literal["auto", "on", "off"] | None = None
 
     def sampling(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
@@ -85,6 +87,7 @@ class _Generation(_Strict):
             stop=stop,
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
+            speculate=self.speculate,
         )
 
     @property

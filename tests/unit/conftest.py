@@ -17,6 +17,7 @@ from litestar.testing import TestClient
 
 from reame_core.backend.fake import FakeBackend
 from reame_core.engine.engine import Engine
+from reame_core.engine.governor import Mode
 from reame_core.plugins import PluginHost
 from reame_core.runtime import start_runtime
 from reame_core.server.app import create_app
@@ -28,8 +29,9 @@ from reame_core.settings import Settings
 def make_engine() -> Iterator[Callable[..., Engine]]:
     """Build an `Engine` over a fresh `FakeBackend`; its thread is stopped after the test.
 
-    Keyword arguments other than `plugins`, `prefill_chunk`, `draft_max` and `start` go to
-    `FakeBackend`. With ``start=False`` the caller drives the engine with `engine.step()`.
+    Keyword arguments other than `plugins`, `prefill_chunk`, `draft_max`, `speculate` and
+    `start` go to `FakeBackend`. With ``start=False`` the caller drives the engine with
+    `engine.step()`.
     """
     engines: list[Engine] = []
 
@@ -38,11 +40,18 @@ def make_engine() -> Iterator[Callable[..., Engine]]:
         plugins: PluginHost | None = None,
         prefill_chunk: int = 128,
         draft_max: int = 8,
+        speculate: Mode = "auto",
         start: bool = True,
         **backend_options: Any,
     ) -> Engine:
         backend = FakeBackend(**backend_options)
-        engine = Engine(backend, plugins, prefill_chunk=prefill_chunk, draft_max=draft_max)
+        engine = Engine(
+            backend,
+            plugins,
+            prefill_chunk=prefill_chunk,
+            draft_max=draft_max,
+            speculate=speculate,
+        )
         engines.append(engine)
         return engine.start() if start else engine
 

@@ -1,5 +1,8 @@
 """Draft sources as a third party writes them, and the guarantee that drafts never change output.
 
+These engines run with speculation ``on``: every proposal is verified, whatever the
+governor would think of it (its own tests are in test_governor.py).
+
 Each source below is what an outside author would ship: a class with one
 ``reame_propose_drafts`` hook implementation, registered on a `PluginHost` by name. Greedy
 output must be identical with any drafts at all; sampled output must keep the model's
@@ -130,7 +133,8 @@ class SamplingDraftModel:
 
 
 def drafting(source: object) -> PluginHost:
-    host = PluginHost(discover=False)
+    """The source alone: the built-in prompt lookup would propose too."""
+    host = PluginHost(["prompt_lookup"], discover=False)
     host.register(source, SOURCE)
     return host
 
@@ -167,7 +171,7 @@ def answers(tokenize: Tokenize, greedy_reference: Reference) -> dict[tuple[int, 
 def test_engine_verifies_the_drafts_of_a_registered_source(
     make_engine: MakeEngine, tokenize: Tokenize, answers: dict[tuple[int, ...], list[int]]
 ) -> None:
-    engine = make_engine(plugins=drafting(KnownAnswers(answers)))
+    engine = make_engine(speculate="on", plugins=drafting(KnownAnswers(answers)))
 
     result = engine.generate(request(tokenize(PROMPTS[0]), max_tokens=40))
 
@@ -184,7 +188,7 @@ def test_perfect_drafts_need_fewer_decode_steps(
     make_engine: MakeEngine, tokenize: Tokenize, answers: dict[tuple[int, ...], list[int]]
 ) -> None:
     plain = make_engine()
-    speculating = make_engine(plugins=drafting(KnownAnswers(answers)), draft_max=8)
+    speculating = make_engine(speculate="on", plugins=drafting(KnownAnswers(answers)), draft_max=8)
     prompt = tokenize(PROMPTS[0])
 
     plain.generate(request(prompt, max_tokens=40))
@@ -196,7 +200,7 @@ def test_perfect_drafts_need_fewer_decode_steps(
 
 
 def test_always_wrong_drafts_are_all_rejected(make_engine: MakeEngine, tokenize: Tokenize) -> None:
-    engine = make_engine(plugins=drafting(AlwaysWrong()))
+    engine = make_engine(speculate="on", plugins=drafting(AlwaysWrong()))
 
     result = engine.generate(request(tokenize(PROMPTS[0]), max_tokens=20))
 
@@ -214,7 +218,7 @@ def test_greedy_output_with_drafts_equals_output_without(
     source: str,
     text: str,
 ) -> None:
-    engine = make_engine(plugins=drafting(GREEDY_SOURCES[source](answers)))
+    engine = make_engine(speculate="on", plugins=drafting(GREEDY_SOURCES[source](answers)))
     prompt = tokenize(text)
 
     result = engine.generate(request(prompt, max_tokens=40))
@@ -230,7 +234,9 @@ def test_rollback_leaves_the_kv_holding_exactly_the_prompt_and_output(
     answers: dict[tuple[int, ...], list[int]],
     source: str,
 ) -> None:
-    engine = make_engine(plugins=drafting(GREEDY_SOURCES[source](answers)), n_seq_max=1)
+    engine = make_engine(
+        speculate="on", plugins=drafting(GREEDY_SOURCES[source](answers)), n_seq_max=1
+    )
     prompt = tokenize(PROMPTS[1])
 
     result = engine.generate(request(prompt, max_tokens=40))
@@ -244,7 +250,7 @@ def test_rollback_leaves_the_kv_holding_exactly_the_prompt_and_output(
 def test_proposals_longer_than_allowed_are_cut_to_draft_max(
     make_engine: MakeEngine, tokenize: Tokenize, greedy_reference: Reference
 ) -> None:
-    engine = make_engine(plugins=drafting(LongWinded()), draft_max=4)
+    engine = make_engine(speculate="on", plugins=drafting(LongWinded()), draft_max=4)
     prompt = tokenize(PROMPTS[0])
 
     result = engine.generate(request(prompt, max_tokens=30))
@@ -256,7 +262,7 @@ def test_proposals_longer_than_allowed_are_cut_to_draft_max(
 def test_accepted_drafts_never_run_past_max_tokens(
     make_engine: MakeEngine, tokenize: Tokenize, answers: dict[tuple[int, ...], list[int]]
 ) -> None:
-    engine = make_engine(plugins=drafting(KnownAnswers(answers)))
+    engine = make_engine(speculate="on", plugins=drafting(KnownAnswers(answers)))
 
     result = engine.generate(request(tokenize(PROMPTS[0]), max_tokens=13))
 
@@ -267,7 +273,7 @@ def test_accepted_drafts_never_run_past_max_tokens(
 def test_stop_string_inside_accepted_drafts_ends_the_output_there(
     make_engine: MakeEngine, tokenize: Tokenize, answers: dict[tuple[int, ...], list[int]]
 ) -> None:
-    engine = make_engine(plugins=drafting(KnownAnswers(answers)), n_seq_max=1)
+    engine = make_engine(speculate="on", plugins=drafting(KnownAnswers(answers)), n_seq_max=1)
     prompt = tokenize(PROMPTS[0])
     full = bytes(answers[tuple(prompt)]).decode()
     stop = full[20:23]
@@ -286,7 +292,7 @@ def test_end_of_sequence_inside_accepted_drafts_ends_the_output_there(
     prompts = [tokenize(text) for text in PROMPTS]
     # The known answers run on past the end of sequence, as a careless cache might.
     answers = {tuple(p): [*greedy_reference(model, p, 40), EOS, *b"more"] for p in prompts}
-    engine = make_engine(plugins=drafting(KnownAnswers(answers)), eos_every=3)
+    engine = make_engine(speculate="on", plugins=drafting(KnownAnswers(answers)), eos_every=3)
 
     for prompt in prompts:
         result = engine.generate(request(prompt, max_tokens=40))
@@ -303,7 +309,7 @@ def test_penalized_greedy_output_with_drafts_equals_output_without(
     prompt = tokenize(PROMPTS[0])
     plain = make_engine().generate(request(prompt, **params)).candidates[0].tokens
     drafts = KnownAnswers({tuple(prompt): plain}) if source == "perfect" else RandomLetters(5)
-    engine = make_engine(plugins=drafting(drafts))
+    engine = make_engine(speculate="on", plugins=drafting(drafts))
 
     result = engine.generate(request(prompt, **params))
 
@@ -321,7 +327,7 @@ def test_logprobs_with_drafts_equal_logprobs_without(
     plain: list[TokenEvent] = []
     drafted: list[TokenEvent] = []
     make_engine().generate(request(prompt, **params), plain.append)
-    engine = make_engine(plugins=drafting(GreedyDraftModel()))
+    engine = make_engine(speculate="on", plugins=drafting(GreedyDraftModel()))
 
     engine.generate(request(prompt, **params), drafted.append)
 
@@ -407,7 +413,7 @@ def test_sampled_outputs_follow_the_model_distribution_without_drafts(
 def test_speculative_sampling_keeps_the_model_distribution(
     make_engine: MakeEngine, tokenize: Tokenize, drive: Drive, source: Callable[[], object]
 ) -> None:
-    engine = make_engine(plugins=drafting(source()), start=False, n_seq_max=8)
+    engine = make_engine(speculate="on", plugins=drafting(source()), start=False, n_seq_max=8)
     prompt = tokenize("Once upon")
 
     counts = sample_outputs(engine, prompt, drive)
@@ -423,8 +429,12 @@ def test_seeded_sampling_with_drafts_repeats_exactly(
     prompt = tokenize("Once upon")
     params: dict[str, Any] = {"max_tokens": 40, "temperature": 1.0, "seed": 8, "ignore_eos": True}
 
-    first = make_engine(plugins=drafting(GreedyDraftModel())).generate(request(prompt, **params))
-    second = make_engine(plugins=drafting(GreedyDraftModel())).generate(request(prompt, **params))
+    first = make_engine(speculate="on", plugins=drafting(GreedyDraftModel())).generate(
+        request(prompt, **params)
+    )
+    second = make_engine(speculate="on", plugins=drafting(GreedyDraftModel())).generate(
+        request(prompt, **params)
+    )
 
     assert first.usage.draft_accepted[SOURCE] > 0
     assert first.candidates[0].tokens == second.candidates[0].tokens

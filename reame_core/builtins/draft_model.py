@@ -1,0 +1,242 @@
+"""Draft model: a smaller model of the same vocabulary guesses the target's next tokens.
+
+Active when ``--draft-model NAME|PATH`` is set. The draft runs in its own llama.cpp context
+on the engine thread, with one sequence mirroring each of the target's decoding sequences.
+Before each proposal a mirror catches up with its sequence (prompt at first, then what was
+committed since) after cutting back whatever the target rejected, so rollback needs no
+message. Drafts are the draft model's argmax, batched across sequences, one decode per
+drafted position; a sequence stops drafting when the draft model is unsure of its guess.
+Proposals are deterministic (q one-hot), which keeps speculative sampling exact too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import structlog
+from pydantic import BaseModel, ConfigDict, Field
+
+from reame_core.backend.base import Batch, DecodeError
+from reame_core.errors import ModelLoadError
+from reame_core.hookspecs import hookimpl
+from reame_core.hooktypes import DraftProposal, DraftRequest, ModelInfo, SequenceView
+from reame_core.settings import Settings
+
+if TYPE_CHECKING:
+    from reame_core.backend.llama import LlamaBackend
+
+log = structlog.get_logger(__name__)
+
+NAME = "draft_model"
+
+
+class DraftModelSettings(BaseModel):
+    """``[plugins.draft_model]``: when a guess is too unsure to propose."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_confidence: float = Field(
+        0.5, ge=0.0, le=1.0, description="Stop a draft at a token the draft model gives less."
+    )
+
+
+@dataclass
+class _Mirror:
+    seq_id: int
+    tokens: list[int] = field(default_factory=list)  # held in the draft model's KV
+
+
+class DraftModel:
+    def __init__(self) -> None:
+        self.settings = DraftModelSettings.model_validate({})
+        self.backend: LlamaBackend | None = None
+        self._mirrors: dict[int, _Mirror] = {}
+        self._free: list[int] = []
+
+    @hookimpl
+    def reame_configure(self, settings: Settings, model: ModelInfo) -> None:
+        self.settings = settings.plugin_section(NAME, DraftModelSettings)
+        if settings.draft_model is None:
+            return
+        from reame_core.backend.llama import LlamaBackend, vocab_pieces
+        from reame_core.models import resolve_model
+
+        draft = resolve_model(settings.draft_model)
+        backend = LlamaBackend(
+            draft.path,
+            n_ctx_seq=model.n_ctx_seq,
+            n_seq_max=model.n_seq_max,
+            n_batch=model.n_batch,
+            n_threads=settings.n_threads,
+            name=draft.name,
+        )
+        try:
+            check_same_vocabulary(vocab_pieces(model.path), backend, model.name)
+        except ModelLoadError:
+            backend.close()
+            raise
+        self.backend = backend
+        self._free = list(range(model.n_seq_max - 1, -1, -1))
+        log.info("draft model loaded", draft=draft.name, target=model.name)
+
+    @hookimpl
+    def reame_describe(self) -> str:
+        if self.backend is None:
+            return "drafts with a smaller model: off (no --draft-model)"
+        return f"drafts with {self.backend.info.name}"
+
+    @hookimpl
+    def reame_propose_drafts(self, requests: Sequence[DraftRequest]) -> list[DraftProposal] | None:
+        backend = self.backend
+        if backend is None:
+            return None
+        work = []
+        for request in requests:
+            mirror = self._mirror(request.seq)
+            if mirror is not None:
+                work.append((request, mirror))
+        if not work:
+            return None
+        try:
+            rows = self._catch_up(backend, work)
+            drafts = self._draft(backend, work, rows)
+        except DecodeError as error:
+            log.warning("draft model failed; dropping its mirrors", error=str(error))
+            for _request, mirror in work:
+                backend.seq_rm(mirror.seq_id, 0)
+                mirror.tokens.clear()
+            return None
+        return [
+            DraftProposal(request.seq, NAME, tuple(tokens))
+            for (request, _mirror), tokens in zip(work, drafts, strict=True)
+            if tokens
+        ]
+
+    @hookimpl
+    def reame_generation_finished(self, seq: SequenceView, finish_reason: str, text: str) -> None:
+        mirror = self._mirrors.pop(id(seq), None)
+        if mirror is not None and self.backend is not None:
+            self.backend.seq_rm(mirror.seq_id, 0)
+            self._free.append(mirror.seq_id)
+
+    @hookimpl
+    def reame_shutdown(self) -> None:
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = None
+
+    # ------------------------------------------------------------- drafting
+
+    def _mirror(self, seq: SequenceView) -> _Mirror | None:
+        mirror = self._mirrors.get(id(seq))
+        if mirror is None:
+            if not self._free:
+                return None
+            mirror = _Mirror(self._free.pop())
+            self._mirrors[id(seq)] = mirror
+        return mirror
+
+    def _catch_up(
+        self, backend: LlamaBackend, work: list[tuple[DraftRequest, _Mirror]]
+    ) -> list[np.ndarray]:
+        """Bring every mirror to its sequence's tokens; the logits after the last one."""
+        feeds = []
+        for request, mirror in work:
+            history = [*request.seq.prompt_tokens, *request.seq.output_tokens]
+            keep = _common_prefix(mirror.tokens, history)
+            keep = min(keep, len(history) - 1)  # the last token is fed again for its logits
+            if keep < len(mirror.tokens):
+                backend.seq_rm(mirror.seq_id, keep)
+                del mirror.tokens[keep:]
+            feeds.append(history[keep:])
+        rows: list[np.ndarray | None] = [None] * len(work)
+        batch, owners = Batch(), list[int]()
+        room = backend.info.n_batch
+        for index, ((_request, mirror), feed) in enumerate(zip(work, feeds, strict=True)):
+            for offset, token in enumerate(feed):
+                if len(batch) == room:
+                    self._decode_into(backend, batch, owners, rows)
+                    batch, owners = Batch(), []
+                last = offset == len(feed) - 1
+                batch.add(token, len(mirror.tokens), mirror.seq_id, last)
+                mirror.tokens.append(token)
+                if last:
+                    owners.append(index)
+        if len(batch):
+            self._decode_into(backend, batch, owners, rows)
+        caught_up = [row for row in rows if row is not None]
+        assert len(caught_up) == len(work)  # every feed holds at least one token
+        return caught_up
+
+    def _draft(
+        self,
+        backend: LlamaBackend,
+        work: list[tuple[DraftRequest, _Mirror]],
+        rows: list[np.ndarray],
+    ) -> list[list[int]]:
+        drafts: list[list[int]] = [[] for _ in work]
+        live = list(range(len(work)))
+        limit = self.settings.min_confidence
+        while live:
+            still = []
+            for index in live:
+                token, confidence = _argmax_with_confidence(rows[index])
+                if confidence < limit:
+                    continue
+                drafts[index].append(token)
+                if len(drafts[index]) < work[index][0].max_tokens:
+                    still.append(index)
+            live = still
+            if not live:
+                break
+            batch = Batch()
+            for index in live:
+                mirror = work[index][1]
+                batch.add(drafts[index][-1], len(mirror.tokens), mirror.seq_id, True)
+                mirror.tokens.append(drafts[index][-1])
+            logits = backend.decode(batch)
+            for row, index in enumerate(live):
+                rows[index] = np.array(logits[row], copy=True)
+        return drafts
+
+    @staticmethod
+    def _decode_into(
+        backend: LlamaBackend, batch: Batch, owners: list[int], rows: list[np.ndarray | None]
+    ) -> None:
+        logits = backend.decode(batch)
+        for row, index in enumerate(owners):
+            rows[index] = np.array(logits[row], copy=True)
+
+
+def check_same_vocabulary(target: Sequence[bytes], draft: LlamaBackend, target_name: str) -> None:
+    """Refuse a draft model whose token ids mean other text than the target's."""
+    n = draft.info.n_vocab
+    if n != len(target):
+        raise ModelLoadError(
+            f"The draft model {draft.info.name} has {n} tokens but {target_name} has "
+            f"{len(target)}: a draft model must share the target's vocabulary."
+        )
+    for token, piece in enumerate(target):
+        mine = draft.token_bytes(token, special=True)
+        if mine != piece:
+            raise ModelLoadError(
+                f"The draft model {draft.info.name} does not share {target_name}'s vocabulary: "
+                f"token {token} is {mine!r} there and {piece!r} here."
+            )
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def _argmax_with_confidence(row: np.ndarray) -> tuple[int, float]:
+    token = int(np.argmax(row))
+    shifted = np.exp(row - row[token])
+    return token, float(1.0 / shifted.sum())

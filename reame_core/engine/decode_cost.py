@@ -1,0 +1,73 @@
+"""What a decode costs on this host, learned from the decodes the engine runs.
+
+A decode is one or more passes over the weights (see `Backend.passes`); a pass of n tokens
+takes f(n) seconds. `DecodeCost` keeps a decayed average of f at each pass size it has
+seen (single-pass decodes only: their time is one f(n)) and interpolates between them,
+so the speculation governor can price "verify k drafts" against "decode one token"
+before trying it. Decode steps teach it small n, prompt chunks large n.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+
+
+class DecodeCost:
+    def __init__(self, decay: float = 0.1) -> None:
+        self.decay = decay
+        self._sizes: list[int] = []  # sorted pass sizes with a measurement
+        self._seconds: dict[int, float] = {}
+
+    def observe(self, passes: list[int], seconds: float) -> None:
+        """A decode made of `passes` took `seconds`."""
+        if len(passes) != 1 or passes[0] <= 0 or seconds <= 0:
+            return
+        size = _bucket(passes[0])
+        previous = self._seconds.get(size)
+        if previous is None:
+            bisect.insort(self._sizes, size)
+            self._seconds[size] = seconds
+        else:
+            self._seconds[size] = previous + self.decay * (seconds - previous)
+
+    @property
+    def known(self) -> bool:
+        return bool(self._sizes)
+
+    def pass_seconds(self, n: int) -> float:
+        """Estimated time of one pass of `n` tokens (0.0 before any measurement)."""
+        sizes = self._sizes
+        if not sizes:
+            return 0.0
+        n = max(1, n)
+        i = bisect.bisect_left(sizes, n)
+        if i < len(sizes) and sizes[i] == n:
+            return self._seconds[n]
+        if i == 0:  # below the smallest measurement: no cheaper than it
+            return self._seconds[sizes[0]]
+        if i == len(sizes):
+            if len(sizes) == 1:  # one point only: assume time grows with tokens
+                return self._seconds[sizes[0]] * n / sizes[0]
+            lo, hi = sizes[-2], sizes[-1]
+        else:
+            lo, hi = sizes[i - 1], sizes[i]
+        t_lo, t_hi = self._seconds[lo], self._seconds[hi]
+        slope = max(0.0, (t_hi - t_lo) / (hi - lo))
+        return t_lo + slope * (n - lo)
+
+    def seconds(self, passes: Iterable[int]) -> float:
+        """Estimated time of a decode made of `passes`."""
+        return sum(self.pass_seconds(n) for n in passes)
+
+    def curve(self) -> dict[int, float]:
+        """Measured pass sizes and their average seconds (for reports)."""
+        return {size: self._seconds[size] for size in self._sizes}
+
+
+def _bucket(n: int) -> int:
+    """Exact sizes up to 32 (where drafts live), then coarser steps: few buckets to fill."""
+    if n <= 32:
+        return n
+    step = 1 << (n.bit_length() - 3)
+    return n - n % step

@@ -1,0 +1,319 @@
+"""The speculation governor: whether each sequence drafts this step, from which source,
+and how many tokens, so that speculation pays on this host or is not done at all.
+
+It learns online what it needs:
+  - the target's cost of a decode by its passes over the weights (`DecodeCost`), so
+    "verify k drafts" is priced against "decode one token" for the batch at hand;
+  - each source's acceptance (decayed, globally and per sequence) and its cost of proposing.
+Each step it evaluates a few plans (no drafts; drafts of k tokens for the most promising
+sequences, k in a small ladder) and keeps the one with the most expected tokens per second.
+A source whose expected gain falls below 1 is switched off, and tried again now and then
+(with a growing interval while it keeps failing).
+
+Modes: ``off`` never drafts; ``on`` verifies every proposal at full length (to measure
+what speculation costs); ``auto`` is the governor. A request may choose its own mode.
+The governor decides; the engine calls the sources and verifies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from reame_core.engine.decode_cost import DecodeCost
+from reame_core.engine.sequence import Sequence as EngineSequence
+from reame_core.hooktypes import DraftProposal, DraftRequest
+
+Mode = Literal["auto", "on", "off"]
+MODES: tuple[Mode, ...] = ("auto", "on", "off")
+
+# Draft lengths the planner tries; longer drafts only pay at high acceptance.
+K_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+DECAY = 0.95  # per verified draft: a source's acceptance follows its recent drafts
+MIN_DRAFTS = 4  # drafts of evidence before a source may be switched off
+PROBE_EVERY = 64  # steps before a switched-off source is tried again (doubling)
+PROBE_MAX = 4096
+PROBE_DRAFTS = 4  # drafts verified while probing
+PROBE_TOKENS = 4  # tokens per probing draft
+SEQ_PRIOR = 2.0  # weight of the source's acceptance in a sequence's own estimate
+
+
+def expected_accepted(alpha: float, k: int) -> float:
+    """Expected accepted tokens of a k-token draft when each token is right with
+    probability `alpha` (given the ones before it were)."""
+    if alpha >= 1.0:
+        return float(k)
+    return alpha * (1.0 - alpha**k) / (1.0 - alpha)
+
+
+@dataclass
+class SourceState:
+    """One draft source as the governor sees it."""
+
+    name: str
+    proposed: int = 0
+    accepted: int = 0
+    drafts: int = 0
+    trials: float = 0.0  # decayed: draft tokens checked (accepted + the first rejected)
+    hits: float = 0.0  # decayed: draft tokens accepted
+    propose_seconds: float = 0.0  # average time of one call proposing for all sequences
+    calls: int = 0
+    enabled: bool = True
+    reason: str = "no drafts verified yet"
+    gain: float | None = None
+    k: int = 0  # length of its last verified draft
+    probe_at: int = 0
+    probe_left: int = 0
+    backoff: int = PROBE_EVERY
+
+    @property
+    def alpha(self) -> float:
+        """Per-token acceptance, with a uniform prior (0.5 before any evidence)."""
+        return (self.hits + 1.0) / (self.trials + 2.0)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+
+@dataclass
+class _SeqRecord:
+    trials: float = 0.0
+    hits: float = 0.0
+
+
+class Governor:
+    def __init__(
+        self,
+        sources: Iterable[str],
+        passes: Callable[[Sequence[tuple[int, int]]], list[int]],
+        *,
+        mode: Mode = "auto",
+        draft_max: int = 16,
+    ) -> None:
+        self.mode = mode
+        self.draft_max = draft_max
+        self.cost = DecodeCost()
+        self.sources = {name: SourceState(name) for name in sources}
+        self._passes = passes
+        self._seqs: dict[tuple[int, str], _SeqRecord] = {}
+        self._step = 0
+        self._decoding = 1  # sequences decoding at the last planned step
+
+    # ------------------------------------------------------------- asking
+
+    def mode_of(self, seq: EngineSequence) -> Mode:
+        return seq.params.speculate or self.mode
+
+    def requests(
+        self, decoding: Sequence[EngineSequence], n_ctx_seq: int, room: int
+    ) -> tuple[list[DraftRequest], set[str]]:
+        """Which sequences may draft (at most how many tokens each, keeping the step
+        within `room` batch tokens) and which sources to ask."""
+        self._step += 1
+        self._decoding = max(1, len(decoding))
+        if not decoding or self.draft_max <= 0 or not self.sources:
+            return [], set()
+        per_sequence = min(self.draft_max, room // len(decoding) - 1)
+        requests = []
+        modes = set()
+        for seq in decoding:
+            mode = self.mode_of(seq)
+            context_left = n_ctx_seq - seq.n_kv - 2
+            output_left = seq.params.max_tokens - len(seq.output) - 1
+            limit = min(per_sequence, context_left, output_left)
+            if mode != "off" and limit > 0:
+                requests.append(DraftRequest(seq, limit))
+                modes.add(mode)
+        if not requests:
+            return [], set()
+        if "on" in modes:
+            return requests, set(self.sources)
+        for state in self.sources.values():
+            if not state.enabled and state.probe_left == 0 and self._step >= state.probe_at:
+                state.probe_left = PROBE_DRAFTS
+        asked = {s.name for s in self.sources.values() if s.enabled or s.probe_left > 0}
+        return (requests if asked else []), asked
+
+    def proposed(self, source: str, seconds: float) -> None:
+        """A source's propose call took `seconds`."""
+        state = self.sources.get(source)
+        if state is None:
+            return
+        state.calls += 1
+        state.propose_seconds += (seconds - state.propose_seconds) / min(state.calls, 20)
+
+    # ----------------------------------------------------------- planning
+
+    def choose(
+        self,
+        decoding: Sequence[EngineSequence],
+        requests: Sequence[DraftRequest],
+        proposals: Iterable[DraftProposal],
+    ) -> dict[int, DraftProposal]:
+        """The drafts to verify this step, keyed by id(seq), each cut to its chosen length."""
+        limits = {id(r.seq): r.max_tokens for r in requests}
+        forced: dict[int, DraftProposal] = {}
+        offers: dict[int, tuple[float, DraftProposal]] = {}
+        by_id = {id(seq): seq for seq in decoding}
+        for proposal in proposals:
+            key = id(proposal.seq)
+            seq = by_id.get(key)
+            limit = limits.get(key, 0)
+            if seq is None or not proposal.tokens or limit <= 0:
+                continue
+            proposal = _cut(proposal, limit)
+            state = self.sources.get(proposal.source)
+            if self.mode_of(seq) == "on" or state is None:
+                best = forced.get(key)
+                if best is None or len(proposal.tokens) > len(best.tokens):
+                    forced[key] = proposal
+            elif not state.enabled:  # probing: verify a short draft to learn its acceptance
+                if state.probe_left > 0 and key not in forced:
+                    forced[key] = _cut(proposal, PROBE_TOKENS)
+            else:
+                alpha = self._alpha(key, state)
+                value = expected_accepted(alpha, len(proposal.tokens))
+                if key not in offers or value > offers[key][0]:
+                    offers[key] = (alpha, proposal)
+        if not offers or not self.cost.known:
+            return forced
+        return self._plan(decoding, forced, offers)
+
+    def _plan(
+        self,
+        decoding: Sequence[EngineSequence],
+        forced: dict[int, DraftProposal],
+        offers: dict[int, tuple[float, DraftProposal]],
+    ) -> dict[int, DraftProposal]:
+        order = sorted(offers.items(), key=lambda item: -item[1][0])
+        longest = max(len(p.tokens) for _a, p in offers.values())
+        best_plan = dict(forced)
+        best_rate = self._rate(decoding, best_plan, offers)
+        for k in K_LADDER:
+            if k > longest:
+                break
+            plan = dict(forced)
+            rate = self._rate(decoding, plan, offers)
+            for key, (_alpha, proposal) in order:
+                if key in plan:
+                    continue
+                plan[key] = _cut(proposal, k)
+                trial = self._rate(decoding, plan, offers)
+                if trial <= rate:
+                    del plan[key]
+                    break
+                rate = trial
+            if rate > best_rate:
+                best_plan, best_rate = plan, rate
+        return best_plan
+
+    def _rate(
+        self,
+        decoding: Sequence[EngineSequence],
+        plan: dict[int, DraftProposal],
+        offers: dict[int, tuple[float, DraftProposal]],
+    ) -> float:
+        """Expected tokens per second of a step that verifies `plan`."""
+        tokens = float(len(decoding))
+        layout = []
+        for seq in sorted(decoding, key=lambda s: s.seq_id):
+            draft = plan.get(id(seq))
+            n = len(draft.tokens) if draft else 0
+            layout.append((seq.seq_id, 1 + n))
+            if draft is not None:
+                alpha = offers[id(seq)][0] if id(seq) in offers else 0.5
+                tokens += expected_accepted(alpha, n)
+        seconds = self.cost.seconds(self._passes(layout))
+        return tokens / seconds if seconds > 0 else 0.0
+
+    def _alpha(self, key: int, state: SourceState) -> float:
+        record = self._seqs.get((key, state.name))
+        if record is None:
+            return state.alpha
+        return (record.hits + SEQ_PRIOR * state.alpha) / (record.trials + SEQ_PRIOR)
+
+    # ---------------------------------------------------------- learning
+
+    def observe_decode(self, layout: Sequence[tuple[int, int]], seconds: float) -> None:
+        self.cost.observe(self._passes(layout), seconds)
+
+    def record(self, seq: EngineSequence, draft: DraftProposal, accepted: int) -> None:
+        """A verified draft: `accepted` of its tokens were right."""
+        state = self.sources.get(draft.source)
+        if state is None:
+            return
+        checked = accepted + (1 if accepted < len(draft.tokens) else 0)
+        state.proposed += len(draft.tokens)
+        state.accepted += accepted
+        state.drafts += 1
+        state.k = len(draft.tokens)
+        state.trials = state.trials * DECAY + checked
+        state.hits = state.hits * DECAY + accepted
+        record = self._seqs.setdefault((id(seq), state.name), _SeqRecord())
+        record.trials += checked
+        record.hits += accepted
+        if state.probe_left > 0:
+            state.probe_left -= 1
+            if state.probe_left == 0:
+                self._judge(state, probing=True)
+        elif self.mode_of(seq) == "auto" and state.drafts >= MIN_DRAFTS:
+            self._judge(state, probing=False)
+
+    def forget(self, seq: EngineSequence) -> None:
+        """The sequence is done: drop what was learned about it alone."""
+        for name in self.sources:
+            self._seqs.pop((id(seq), name), None)
+
+    def _judge(self, state: SourceState, probing: bool) -> None:
+        """Keep the source on while its best draft length is expected to pay, its cost of
+        proposing included; otherwise switch it off until the next probe."""
+        gain = self.expected_gain(state)
+        if gain is None:
+            return
+        state.gain = gain
+        if gain >= 1.0:
+            state.enabled = True
+            state.backoff = PROBE_EVERY
+            state.reason = f"expected gain {gain:.2f}x at acceptance {state.alpha:.2f}"
+            return
+        if probing or state.enabled:
+            state.backoff = min(state.backoff * 2, PROBE_MAX) if probing else PROBE_EVERY
+        state.enabled = False
+        state.probe_at = self._step + state.backoff
+        state.reason = (
+            f"expected gain {gain:.2f}x < 1 at acceptance {state.alpha:.2f}; "
+            f"tried again in {state.backoff} steps"
+        )
+
+    def expected_gain(self, state: SourceState) -> float | None:
+        """Best expected speed-up from this source for one of the decoding sequences."""
+        if not self.cost.known:
+            return None
+        n = self._decoding
+        base_layout = [(i, 1) for i in range(n)]
+        base = self.cost.seconds(self._passes(base_layout))
+        if base <= 0:
+            return None
+        best = 0.0
+        for k in K_LADDER:
+            if k > self.draft_max:
+                break
+            layout = [(0, 1 + k), *base_layout[1:]]
+            seconds = self.cost.seconds(self._passes(layout)) + state.propose_seconds
+            rate = (n + expected_accepted(state.alpha, k)) / seconds
+            best = max(best, rate / (n / base))
+        return best
+
+    # ---------------------------------------------------------- reporting
+
+    def report(self) -> list[SourceState]:
+        return list(self.sources.values())
+
+
+def _cut(proposal: DraftProposal, limit: int) -> DraftProposal:
+    if len(proposal.tokens) <= limit:
+        return proposal
+    probs = None if proposal.probs is None else proposal.probs[:limit]
+    return DraftProposal(proposal.seq, proposal.source, proposal.tokens[:limit], probs)
