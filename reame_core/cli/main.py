@@ -40,6 +40,13 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="do not load this plugin (repeatable)",
     )
+    group.add_argument(
+        "--speculate",
+        choices=["auto", "on", "off"],
+        help="speculative decoding (default auto: only where it pays)",
+    )
+    group.add_argument("--draft-max", type=int, help="most draft tokens per sequence and step")
+    group.add_argument("--draft-model", help="smaller model of the same vocabulary that drafts")
     group.add_argument("--log-json", action="store_true", default=None, help="JSON log lines")
     group.add_argument(
         "--log-prompts", action="store_true", default=None, help="allow prompts in logs"
@@ -100,6 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     plugins = commands.add_parser("plugins", help="list plugins and the hooks they implement")
     _engine_flags(plugins)
+
+    speculation = commands.add_parser(
+        "speculation", help="what a running server's speculation governor decided, per source"
+    )
+    speculation.add_argument(
+        "--url", default="http://127.0.0.1:8080", help="the server (default %(default)s)"
+    )
+    speculation.add_argument("--api-key", help="bearer key, if the server wants one")
     return parser
 
 
@@ -107,7 +122,8 @@ def settings_from(args: argparse.Namespace, **extra: Any) -> Settings:
     fields = (
         "threads", "ctx", "parallel", "batch", "deterministic", "disable_plugins",
         "log_json", "log_prompts", "log_level", "host", "port", "api_keys", "api_key_file",
-        "max_queue", "max_body_bytes", "cors_origins", "max_sessions",
+        "max_queue", "max_body_bytes", "cors_origins", "max_sessions", "speculate",
+        "draft_max", "draft_model",
     )  # fmt: skip
     overrides = {name: getattr(args, name, None) for name in fields}
     overrides.update(extra)
@@ -139,6 +155,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from reame_core.server.app import serve
 
             return serve(settings)
+        if args.command == "speculation":
+            from reame_core.cli.speculation import speculation_command
+
+            return speculation_command(args.url, args.api_key)
         settings = settings_from(args)
         configure_logging(json=settings.log_json, level=_quiet(settings))
         from reame_core.cli.plugins import plugins_command

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from reame_core.engine.decode_cost import DecodeCost
 from reame_core.engine.sequence import Sequence as EngineSequence
@@ -308,8 +308,28 @@ class Governor:
 
     # ---------------------------------------------------------- reporting
 
-    def report(self) -> list[SourceState]:
-        return list(self.sources.values())
+    def report(self) -> dict[str, Any]:
+        """What the governor knows and decided, as plain values (for the API and CLI)."""
+        return {
+            "mode": self.mode,
+            "draft_max": self.draft_max,
+            "sources": [
+                {
+                    "source": s.name,
+                    "enabled": s.enabled,
+                    "reason": s.reason,
+                    "proposed": s.proposed,
+                    "accepted": s.accepted,
+                    "acceptance_rate": round(s.acceptance_rate, 4),
+                    "drafts": s.drafts,
+                    "k": s.k,
+                    "expected_gain": None if s.gain is None else round(s.gain, 3),
+                    "propose_ms": round(s.propose_seconds * 1000, 3),
+                }
+                for s in self.sources.values()
+            ],
+            "pass_ms": {n: round(t * 1000, 3) for n, t in self.cost.curve().items()},
+        }
 
 
 def _cut(proposal: DraftProposal, limit: int) -> DraftProposal:

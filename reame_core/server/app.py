@@ -24,7 +24,7 @@ from reame_core import __version__
 from reame_core.runtime import Runtime, start_runtime
 from reame_core.server.errors import EXCEPTION_HANDLERS
 from reame_core.server.metrics import ServerMetrics
-from reame_core.server.routes import CompletionsController, health, metrics
+from reame_core.server.routes import CompletionsController, health, metrics, speculation
 from reame_core.server.service import ServerState
 from reame_core.settings import Settings
 
@@ -65,7 +65,7 @@ def create_app(server: ServerState) -> Litestar:
             server.runtime.close()
 
     app = Litestar(
-        route_handlers=[CompletionsController, health, metrics],
+        route_handlers=[CompletionsController, health, metrics, speculation],
         state=State({"server": server}),
         guards=[bearer_guard],
         exception_handlers=EXCEPTION_HANDLERS,

@@ -86,6 +86,21 @@ class EngineCollector(Collector):
             accepted.add_metric([source], stats.draft_accepted.get(source, 0))
         yield proposed
         yield accepted
+        enabled = GaugeMetricFamily(
+            "reame_draft_source_enabled",
+            "Whether the speculation governor lets the source draft (1) or not (0)",
+            labels=["source"],
+        )
+        length = GaugeMetricFamily(
+            "reame_draft_source_tokens",
+            "Length of the source's last verified draft",
+            labels=["source"],
+        )
+        for row in runtime.engine.governor.report()["sources"]:
+            enabled.add_metric([row["source"]], float(row["enabled"]))
+            length.add_metric([row["source"]], float(row["k"]))
+        yield enabled
+        yield length
         for result in runtime.plugins.hook.reame_collect_stats() or ():
             for group, counters in (result or {}).items():
                 for name, value in counters.items():

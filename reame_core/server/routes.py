@@ -347,6 +347,13 @@ async def health(state: State) -> Response[dict[str, Any]]:
     return Response({"status": "ok", "model": info.name, "slots": info.n_seq_max})
 
 
+@get("/speculation")
+async def speculation(state: State) -> dict[str, Any]:
+    """The speculation governor's view, per draft source (what `reame speculation` shows)."""
+    server: ServerState = state.server
+    return server.ready().engine.governor.report()
+
+
 @get("/metrics", media_type="text/plain; version=0.0.4")
 async def metrics(state: State) -> bytes:
     server: ServerState = state.server

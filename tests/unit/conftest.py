@@ -100,9 +100,9 @@ def drive() -> Callable[[Engine], None]:
     return drive
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def plugins() -> PluginHost:
-    """The built-in plugins, which hold no state: one host serves every runtime here."""
+    """The built-in plugins only (installed ones are not discovered), fresh for each test."""
     return PluginHost(discover=False)
 
 
