@@ -10,12 +10,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from reame_core.backend.base import Backend
 from reame_core.backend.llama import LlamaBackend
 from reame_core.engine.engine import Engine
+from reame_core.engine.governor import Mode
 from reame_core.models import resolve_model
 from reame_core.request import Event, FinishEvent, GenerationRequest
 
@@ -54,16 +56,20 @@ def backend(smollm2_path: Path) -> Iterator[LlamaBackend]:
 
 
 @pytest.fixture
-def make_engine() -> Iterator[Callable[[Backend], Engine]]:
-    """A started `Engine` over a shared backend, holding no KV; stopped after the test."""
+def make_engine() -> Iterator[Callable[..., Engine]]:
+    """A started `Engine` over a shared backend, holding no KV; stopped after the test.
+
+    Speculation is off unless asked for (``speculate="on"``): on this build verifying
+    drafts is exact only up to near-ties, and these tests check paths that are bit-exact.
+    """
     engines: list[Engine] = []
 
-    def make(backend: Backend) -> Engine:
+    def make(backend: Backend, *, speculate: Mode = "off", **options: Any) -> Engine:
         # A new engine believes its slots are empty, so empty them in the backend too:
         # the previous test's engine left its sequences' KV resident there.
         for seq_id in range(backend.info.n_seq_max):
             backend.seq_rm(seq_id, -1, -1)
-        engine = Engine(backend).start()
+        engine = Engine(backend, speculate=speculate, **options).start()
         engines.append(engine)
         return engine
 

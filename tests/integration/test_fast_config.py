@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-import numpy as np
 import pytest
+from near_tie import NEAR_TIE, top_two_gap
 
-from reame_core.backend.base import Backend, Batch
+from reame_core.backend.base import Backend
 from reame_core.backend.llama import LlamaBackend
 from reame_core.chat import encode_chat
 from reame_core.engine.engine import Engine
@@ -22,7 +22,6 @@ from reame_core.request import FinishEvent, GenerationRequest, SamplingParams
 
 Together = Callable[[Engine, Sequence[GenerationRequest]], list[FinishEvent]]
 
-NEAR_TIE = 1.0
 MAX_TOKENS = 48
 
 
@@ -33,24 +32,6 @@ def fast_backend(smollm2_path: Path) -> Iterator[LlamaBackend]:
     )
     yield backend
     backend.close()
-
-
-def top_two_gap(backend: Backend, tokens: Sequence[int]) -> float:
-    """How far apart the two best next tokens are after `tokens`, on the plain path:
-    one sequence alone in an empty KV. EOG tokens are masked, as `ignore_eos` does."""
-    for seq_id in range(backend.info.n_seq_max):
-        backend.seq_rm(seq_id, -1, -1)
-    n_batch = backend.info.n_batch
-    for start in range(0, len(tokens), n_batch):
-        batch = Batch()
-        for position in range(start, min(start + n_batch, len(tokens))):
-            batch.add(tokens[position], position, 0, position == len(tokens) - 1)
-        logits = backend.decode(batch)
-    row = np.array(logits[0], dtype=np.float64, copy=True)
-    row[list(backend.info.eog)] = -np.inf
-    second, best = np.sort(row)[-2:]
-    backend.seq_rm(0, -1, -1)
-    return float(best - second)
 
 
 def test_concurrent_greedy_runs_follow_serial_runs_until_a_near_tie(

@@ -27,9 +27,12 @@ def _free_port() -> int:
 def server_url() -> Iterator[str]:
     port = _free_port()
     reame = os.path.join(os.path.dirname(sys.executable), "reame")
+    # Speculation off: several tests compare answers bit for bit, which this build
+    # guarantees without it (see runtime.determinism_note); requests may turn it on.
     process = subprocess.Popen(
         [reame, "serve", "--port", str(port), "--parallel", "8", "--ctx", "1024",
-         "--threads", "2", "--api-key", API_KEY, "--log-level", "warning"],
+         "--threads", "2", "--api-key", API_KEY, "--log-level", "warning",
+         "--speculate", "off"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -165,6 +168,21 @@ def test_eight_concurrent_streams_equal_serial_answers(
     with ThreadPoolExecutor(max_workers=8) as pool:
         concurrent = list(pool.map(ask, questions))
     assert concurrent == serial
+
+
+def test_a_request_can_turn_speculation_on(client: openai.OpenAI) -> None:
+    text = "The cat sat on the mat. The dog sat on the log. The bird sat on the branch."
+    reply = client.chat.completions.create(
+        model="smollm2-135m",
+        messages=[{"role": "user", "content": f"Repeat exactly: {text}"}],
+        max_tokens=40,
+        temperature=0,
+        extra_body={"speculate": "on"},
+    )
+
+    drafts = reply.model_extra["timings"]["drafts"]  # type: ignore[index]
+    assert drafts["prompt_lookup"]["proposed"] > 0
+    assert drafts["prompt_lookup"]["accepted"] > 0
 
 
 def test_requests_without_the_key_are_refused(server_url: str) -> None:
