@@ -31,9 +31,10 @@ class DecodeCost:
         else:
             self._seconds[size] = previous + self.decay * (seconds - previous)
 
-    @property
-    def known(self) -> bool:
-        return bool(self._sizes)
+    def covers(self, n: int) -> bool:
+        """Whether a pass of `n` tokens is priced from measurements of that size or smaller
+        (below the smallest measured size the estimate is only an upper bound)."""
+        return bool(self._sizes) and self._sizes[0] <= _bucket(max(1, n))
 
     def pass_seconds(self, n: int) -> float:
         """Estimated time of one pass of `n` tokens (0.0 before any measurement)."""
@@ -44,7 +45,7 @@ class DecodeCost:
         i = bisect.bisect_left(sizes, n)
         if i < len(sizes) and sizes[i] == n:
             return self._seconds[n]
-        if i == 0:  # below the smallest measurement: no cheaper than it
+        if i == 0:  # below the smallest measurement: an upper bound (see `covers`)
             return self._seconds[sizes[0]]
         if i == len(sizes):
             if len(sizes) == 1:  # one point only: assume time grows with tokens

@@ -315,10 +315,11 @@ class Engine:
                 else:
                     self._verify(seq, item.draft, rows, elapsed)
 
-    def _refresh_session(self) -> bool:
-        """When idle, recompute a pinned session's generated tokens as prompt chunks, so its
-        next turn can reuse them exactly (see `KVSlots`). Returns whether it did work."""
-        slot = self.slots.stale_session()
+    def _refresh_session(self, session: str | None = None) -> bool:
+        """Recompute a pinned session's generated tokens as prompt chunks, so its next turn
+        can reuse them exactly (see `KVSlots`): when idle, or as that next turn arrives.
+        Returns whether it did work."""
+        slot = self.slots.stale_session(session)
         if slot is None:
             return False
         tokens = slot.tokens[slot.exact :] if len(slot.tokens) - slot.exact > 1 else []
@@ -359,6 +360,8 @@ class Engine:
             group = self._waiting.popleft()
             self._groups.append(group)
             try:
+                if group.request.session_id is not None:  # its turn came before idle time
+                    self._refresh_session(group.request.session_id)
                 self._start(group)
             except Exception as error:  # one bad request must not wedge its slots
                 log.error("request could not start", error=f"{type(error).__name__}: {error}")
@@ -629,8 +632,12 @@ class Engine:
         self.hook.reame_generation_finished(seq=seq, finish_reason=reason, text=seq.text.text)
 
     def _settle_groups(self) -> None:
-        for group in [g for g in self._groups if g.done]:
+        done = [g for g in self._groups if g.done]
+        for group in done:
             self._groups.remove(group)
+        # Counted before the callers hear of it: a reply may be read before the next step.
+        self._count_active()
+        for group in done:
             self._complete(group)
 
     def _complete(self, group: RequestGroup, error: str | None = None) -> None:

@@ -30,8 +30,8 @@ MODES: tuple[Mode, ...] = ("auto", "on", "off")
 
 # Draft lengths the planner tries; longer drafts only pay at high acceptance.
 K_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
-DECAY = 0.95  # per verified draft: a source's acceptance follows its recent drafts
-MIN_DRAFTS = 4  # drafts of evidence before a source may be switched off
+DECAY = 0.98  # per verified draft: a source's acceptance follows its recent drafts
+MIN_DRAFTS = 4  # drafts of evidence (or steps declined) before a source may be switched off
 PROBE_EVERY = 64  # steps before a switched-off source is tried again (doubling)
 PROBE_MAX = 4096
 PROBE_DRAFTS = 4  # drafts verified while probing
@@ -63,14 +63,15 @@ class SourceState:
     reason: str = "no drafts verified yet"
     gain: float | None = None
     k: int = 0  # length of its last verified draft
+    declined: int = 0  # steps in a row its proposals were in no chosen plan
     probe_at: int = 0
     probe_left: int = 0
     backoff: int = PROBE_EVERY
 
     @property
     def alpha(self) -> float:
-        """Per-token acceptance, with a uniform prior (0.5 before any evidence)."""
-        return (self.hits + 1.0) / (self.trials + 2.0)
+        """Per-token acceptance, with a weak prior (0.5 before any evidence)."""
+        return (self.hits + 0.5) / (self.trials + 1.0)
 
     @property
     def acceptance_rate(self) -> float:
@@ -177,9 +178,31 @@ class Governor:
                 value = expected_accepted(alpha, len(proposal.tokens))
                 if key not in offers or value > offers[key][0]:
                     offers[key] = (alpha, proposal)
-        if not offers or not self.cost.known:
+        if not offers:
             return forced
-        return self._plan(decoding, forced, offers)
+        base = self._passes([(seq.seq_id, 1) for seq in sorted(decoding, key=_seq_id)])
+        if not all(self.cost.covers(n) for n in base):
+            return forced  # the plain step is not measured yet: nothing to price against
+        plan = self._plan(decoding, forced, offers)
+        self._note_declined(offers, plan)
+        return plan
+
+    def _note_declined(
+        self, offers: dict[int, tuple[float, DraftProposal]], plan: dict[int, DraftProposal]
+    ) -> None:
+        """A source whose proposals no plan wants is judged even though none are verified:
+        asking it still costs its propose time."""
+        offered = {proposal.source for _alpha, proposal in offers.values()}
+        chosen = {proposal.source for proposal in plan.values()}
+        for name in offered:
+            state = self.sources[name]
+            if name in chosen:
+                state.declined = 0
+                continue
+            state.declined += 1
+            if state.declined >= MIN_DRAFTS:
+                state.declined = 0
+                self._judge(state, probing=False)
 
     def _plan(
         self,
@@ -187,26 +210,24 @@ class Governor:
         forced: dict[int, DraftProposal],
         offers: dict[int, tuple[float, DraftProposal]],
     ) -> dict[int, DraftProposal]:
-        order = sorted(offers.items(), key=lambda item: -item[1][0])
+        """Try drafts of k tokens for the m most promising sequences, for every k on the
+        ladder and every m (one drafting sequence may cost a pass of its own where all of
+        them drafting together would share one); keep the best."""
+        order = [key for key, _offer in sorted(offers.items(), key=lambda item: -item[1][0])]
         longest = max(len(p.tokens) for _a, p in offers.values())
-        best_plan = dict(forced)
-        best_rate = self._rate(decoding, best_plan, offers)
+        best_plan = forced
+        best_rate = self._rate(decoding, forced, offers)
         for k in K_LADDER:
             if k > longest:
                 break
             plan = dict(forced)
-            rate = self._rate(decoding, plan, offers)
-            for key, (_alpha, proposal) in order:
+            for key in order:
                 if key in plan:
                     continue
-                plan[key] = _cut(proposal, k)
-                trial = self._rate(decoding, plan, offers)
-                if trial <= rate:
-                    del plan[key]
-                    break
-                rate = trial
-            if rate > best_rate:
-                best_plan, best_rate = plan, rate
+                plan[key] = _cut(offers[key][1], k)
+                rate = self._rate(decoding, plan, offers)
+                if rate > best_rate:
+                    best_plan, best_rate = dict(plan), rate
         return best_plan
 
     def _rate(
@@ -218,7 +239,7 @@ class Governor:
         """Expected tokens per second of a step that verifies `plan`."""
         tokens = float(len(decoding))
         layout = []
-        for seq in sorted(decoding, key=lambda s: s.seq_id):
+        for seq in sorted(decoding, key=_seq_id):
             draft = plan.get(id(seq))
             n = len(draft.tokens) if draft else 0
             layout.append((seq.seq_id, 1 + n))
@@ -288,22 +309,23 @@ class Governor:
         )
 
     def expected_gain(self, state: SourceState) -> float | None:
-        """Best expected speed-up from this source for one of the decoding sequences."""
-        if not self.cost.known:
-            return None
+        """Best expected speed-up from this source at the last step's number of decoding
+        sequences: one of them drafting, or all of them (which may share a pass)."""
         n = self._decoding
         base_layout = [(i, 1) for i in range(n)]
-        base = self.cost.seconds(self._passes(base_layout))
-        if base <= 0:
+        base_passes = self._passes(base_layout)
+        if not all(self.cost.covers(size) for size in base_passes):
             return None
+        base = self.cost.seconds(base_passes)
         best = 0.0
         for k in K_LADDER:
             if k > self.draft_max:
                 break
-            layout = [(0, 1 + k), *base_layout[1:]]
-            seconds = self.cost.seconds(self._passes(layout)) + state.propose_seconds
-            rate = (n + expected_accepted(state.alpha, k)) / seconds
-            best = max(best, rate / (n / base))
+            for drafting in {1, n}:
+                layout = [(i, 1 + k if i < drafting else 1) for i in range(n)]
+                seconds = self.cost.seconds(self._passes(layout)) + state.propose_seconds
+                tokens = n + drafting * expected_accepted(state.alpha, k)
+                best = max(best, (tokens / seconds) / (n / base))
         return best
 
     # ---------------------------------------------------------- reporting
@@ -330,6 +352,10 @@ class Governor:
             ],
             "pass_ms": {n: round(t * 1000, 3) for n, t in self.cost.curve().items()},
         }
+
+
+def _seq_id(seq: EngineSequence) -> int:
+    return seq.seq_id
 
 
 def _cut(proposal: DraftProposal, limit: int) -> DraftProposal:

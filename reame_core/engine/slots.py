@@ -84,12 +84,15 @@ class KVSlots:
                 best = PrefixMatch(slot, length)
         return best
 
-    def stale_session(self) -> Slot | None:
-        """A free slot pinned to a session whose KV is not all exactly reusable."""
+    def stale_session(self, session: str | None = None) -> Slot | None:
+        """A free slot pinned to a session (to `session`, if given) whose KV is not all
+        exactly reusable."""
         if not self._exact_reuse or not self._trim_safe:
             return None
         for slot in self.slots:
-            if not slot.busy and slot.session is not None and slot.exact < len(slot.tokens):
+            if slot.busy or slot.session is None or slot.exact == len(slot.tokens):
+                continue
+            if session is None or slot.session == session:
                 return slot
         return None
 

@@ -556,3 +556,34 @@ def test_openapi_schema_describes_the_api(serve: Callable[..., Client]) -> None:
     schema = ok(response)
     assert schema["openapi"].startswith("3.")
     assert {"/v1/chat/completions", "/v1/completions", "/v1/models"} <= set(schema["paths"])
+
+
+# --------------------------------------------------------------------------- speculation
+
+
+def generate(client: Client, route: str, **fields: Any) -> httpx.Response:
+    return chat(client, **fields) if route == "chat" else complete(client, **fields)
+
+
+@pytest.mark.parametrize("mode", ["auto", "on", "off"])
+@pytest.mark.parametrize("route", ["chat", "text"])
+def test_speculate_field_accepts_auto_on_and_off(client: Client, route: str, mode: str) -> None:
+    answer = reply if route == "chat" else text
+
+    speculating = answer(generate(client, route, speculate=mode))
+
+    assert speculating == answer(generate(client, route))  # greedy: drafts change nothing
+
+
+@pytest.mark.parametrize("value", ["sometimes", True])
+@pytest.mark.parametrize("route", ["chat", "text"])
+def test_speculate_field_refuses_other_values_naming_the_field(
+    client: Client, route: str, value: Any
+) -> None:
+    response = generate(client, route, speculate=value)
+
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == "speculate"
+    assert "speculate" in error["message"]

@@ -1,0 +1,253 @@
+"""Speculative decoding: what prompt lookup gains where output copies input, and what the
+governor saves where drafts never hit.
+
+Workloads (single stream, the embedded SmolLM2-135M unless --model):
+  rewrite      copy / fix typos / reformat tasks, greedy: output largely repeats the prompt;
+  adversarial  free text at temperature 1.5, seeded: drafts rarely hit.
+Modes: off (no drafts), auto (the governor decides), on (every proposal verified in full).
+Each measurement runs in its own process (see common.py), alternating off/auto/on, `--reps`
+times; the figure is generated tokens per second of decoding (prompt time excluded), and
+ratios are medians of per-rep ratios against `off`. Outputs of auto and on are compared
+with off token for token. The host's ceiling is printed too: prompt rate / decode rate
+bounds what verifying drafts can gain here.
+
+With --llama-server PATH the rewrite workload also runs against llama.cpp's own server
+(same model, threads, one slot) without speculation and with its n-gram speculators.
+
+    .venv/bin/python benchmarks/speculation.py [--reps 3] [--llama-server PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REWRITES = (
+    "Copy this text exactly, word for word: The quick brown fox jumps over the lazy dog near "
+    "the river bank. Every morning, the farmer walks to the market with a basket of fresh "
+    "apples, and he sells them to the children who wait by the old stone bridge.",
+    "Fix the typos in this paragraph and write it out again: The wether was nice, so we "
+    "walkd to the park and sat on a bench under the big oak tree untill the sun went down "
+    "behind the hills. Then we went home and maked dinner for the hole family.",
+    "Rewrite this list as a JSON array of strings: apples, oranges, bananas, grapes, pears, "
+    "plums, cherries, lemons, limes, mangoes.",
+    "Repeat the following sentences exactly: Paris is the capital of France. Berlin is the "
+    "capital of Germany. Madrid is the capital of Spain. Rome is the capital of Italy.",
+    "Copy this code exactly:\ndef add(a, b):\n    return a + b\n\ndef multiply(a, b):\n"
+    "    return a * b\n\nprint(add(2, 3), multiply(4, 5))",
+    "Write this address again on one line: Mr. John Smith, 42 Baker Street, London, "
+    "NW1 6XE, United Kingdom. Phone: 020 7946 0958.",
+)
+ADVERSARIAL = (
+    "Write a wild, surreal story about a city made of glass.",
+    "Invent ten strange new words and define each one.",
+    "Describe a dream you might have about the ocean.",
+    "Write a poem about the colour of silence.",
+)
+MODES = ("off", "auto", "on")
+
+
+def child(mode: str, workload: str, model_path: str | None, threads: int) -> dict[str, Any]:
+    from reame_core.backend.llama import LlamaBackend
+    from reame_core.chat import encode_chat
+    from reame_core.engine.engine import Engine
+    from reame_core.models import resolve_model
+    from reame_core.request import GenerationRequest, SamplingParams
+
+    model = resolve_model(model_path)
+    backend = LlamaBackend(
+        model.path, n_ctx_seq=2048, n_seq_max=4, n_batch=512, n_threads=threads, name=model.name
+    )
+    engine = Engine(backend, speculate=mode).start()  # type: ignore[arg-type]
+    if workload == "rewrite":
+        texts, params = REWRITES, SamplingParams(max_tokens=160)
+    else:
+        texts = ADVERSARIAL
+        params = SamplingParams(max_tokens=128, temperature=1.5, seed=7, ignore_eos=True)
+    engine.generate(GenerationRequest(encode_chat(backend, [{"role": "user", "content": "Hi"}])))
+    tokens, decode_ms, proposed, accepted, outputs = 0, 0.0, 0, 0, []
+    for text in texts:
+        prompt = encode_chat(backend, [{"role": "user", "content": text}])
+        result = engine.generate(GenerationRequest(prompt, params))
+        tokens += result.usage.completion_tokens
+        decode_ms += result.usage.predicted_ms
+        proposed += sum(result.usage.draft_proposed.values())
+        accepted += sum(result.usage.draft_accepted.values())
+        outputs.append(list(result.candidates[0].tokens))
+    engine.stop()
+    return {
+        "tok_s": tokens / (decode_ms / 1000),
+        "tokens": tokens,
+        "proposed": proposed,
+        "accepted": accepted,
+        "outputs": outputs,
+    }
+
+
+def ceiling(model_path: str | None, threads: int) -> dict[str, Any]:
+    """Prompt rate and plain decode rate of this host for the model (raw backend calls)."""
+    from reame_core.backend.base import Batch
+    from reame_core.backend.llama import LlamaBackend
+    from reame_core.models import resolve_model
+
+    model = resolve_model(model_path)
+    backend = LlamaBackend(model.path, n_ctx_seq=2048, n_seq_max=1, n_threads=threads)
+    prompt_rates, decode_rates = [], []
+    for _ in range(3):
+        backend.seq_rm(0, -1, -1)
+        batch = Batch()
+        for position in range(512):
+            batch.add(100 + position % 1000, position, 0, position == 511)
+        started = time.perf_counter()
+        logits = backend.decode(batch)
+        prompt_rates.append(512 / (time.perf_counter() - started))
+        token = int(logits[0].argmax())
+        started = time.perf_counter()
+        for position in range(512, 640):
+            single = Batch()
+            single.add(token, position, 0, True)
+            token = int(backend.decode(single)[0].argmax())
+        decode_rates.append(128 / (time.perf_counter() - started))
+    backend.close()
+    prompt, decode = statistics.median(prompt_rates), statistics.median(decode_rates)
+    return {"prompt_tok_s": prompt, "decode_tok_s": decode, "ceiling": prompt / decode}
+
+
+# ----------------------------------------------------------------- llama-server
+
+
+def llama_server_rates(binary: str, model_path: str, threads: int, spec: list[str]) -> float:
+    """Decode tok/s of llama-server on the rewrite workload, as its own timings report."""
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = subprocess.Popen(
+        [binary, "-m", model_path, "-t", str(threads), "-c", "2048", "-np", "1",
+         "--port", str(port), "--no-webui", *spec],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        tokens, ms = 0, 0.0
+        for text in REWRITES:
+            body = {
+                "messages": [{"role": "user", "content": text}],
+                "max_tokens": 160,
+                "temperature": 0,
+                "cache_prompt": False,
+            }
+            reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=600).json()
+            tokens += reply["timings"]["predicted_n"]
+            ms += reply["timings"]["predicted_ms"]
+        return tokens / (ms / 1000)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+LLAMA_SERVER_SPECS = {
+    "none": [],
+    "ngram-simple": ["--spec-type", "ngram-simple"],
+    "ngram-map-k": ["--spec-type", "ngram-map-k"],
+    "ngram-mod": ["--spec-type", "ngram-mod"],
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", help="model alias or .gguf path (default: embedded)")
+    parser.add_argument("--llama-server", help="llama.cpp's llama-server binary, to compare")
+    parser.add_argument("--child", nargs="*")
+    args = parser.parse_args()
+    if args.child is not None:
+        kind, *rest = args.child
+        if kind == "ceiling":
+            print(json.dumps(ceiling(args.model, args.threads)))
+        else:
+            print(json.dumps(child(kind, rest[0], args.model, args.threads)))
+        return
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from common import median_ratio, write_report
+
+    script = str(Path(__file__))
+    extra = ["--threads", str(args.threads)] + (["--model", args.model] if args.model else [])
+
+    def run(*child_args: str) -> dict[str, Any]:
+        from common import measure
+
+        return measure(script, *child_args, *extra)
+
+    host = run("ceiling")
+    print(json.dumps({k: round(v, 2) for k, v in host.items()}), flush=True)
+    report: dict[str, Any] = {"ceiling": host, "workloads": {}}
+    for workload in ("rewrite", "adversarial"):
+        samples: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+        for _ in range(args.reps):
+            for mode in MODES:
+                samples[mode].append(run(mode, workload))
+        off = [s["tok_s"] for s in samples["off"]]
+        row: dict[str, Any] = {}
+        for mode in MODES:
+            rates = [s["tok_s"] for s in samples[mode]]
+            last = samples[mode][-1]
+            row[mode] = {
+                "tok_s": round(statistics.median(rates), 1),
+                "vs_off": round(median_ratio(rates, off), 3),
+                "acceptance": round(last["accepted"] / last["proposed"], 3)
+                if last["proposed"]
+                else None,
+                "identical_to_off": last["outputs"] == samples["off"][-1]["outputs"],
+            }
+        report["workloads"][workload] = row
+        print(json.dumps({workload: row}), flush=True)
+
+    if args.llama_server:
+        from reame_core.models import resolve_model
+
+        model_path = str(resolve_model(args.model).path)
+        rates: dict[str, list[float]] = {name: [] for name in LLAMA_SERVER_SPECS}
+        for _ in range(args.reps):
+            for name, spec in LLAMA_SERVER_SPECS.items():
+                rates[name].append(
+                    llama_server_rates(args.llama_server, model_path, args.threads, spec)
+                )
+        report["llama_server_rewrite"] = {
+            name: {
+                "tok_s": round(statistics.median(values), 1),
+                "vs_none": round(median_ratio(values, rates["none"]), 3),
+            }
+            for name, values in rates.items()
+        }
+        print(json.dumps({"llama_server_rewrite": report["llama_server_rewrite"]}), flush=True)
+
+    report.update(
+        threads=args.threads,
+        reps=args.reps,
+        model=args.model or "smollm2-135m (embedded, Q4_1)",
+        command=" ".join(["python", "benchmarks/speculation.py", *sys.argv[1:]]),
+    )
+    path = write_report("speculation", report)
+    print(f"\nwritten to {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""What a decode costs: how a batch is cut into passes over the weights, and the cost curve
+`DecodeCost` learns from timed decodes so the speculation governor can price a draft.
+
+The fake backend charges `step_cost_s` per pass and `token_cost_s` per token; its sleeps
+are recorded instead of slept, so nothing here depends on wall-clock time.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from reame_core.backend import fake as fake_module
+from reame_core.backend.base import Batch, equal_split_passes, simple_split_passes
+from reame_core.backend.fake import FakeBackend
+from reame_core.engine.decode_cost import DecodeCost
+
+# ----------------------------------------------------------------------------- passes
+
+
+def test_equal_split_puts_consecutive_one_token_sequences_in_one_pass() -> None:
+    assert equal_split_passes([(0, 1), (1, 1), (2, 1)], 512) == [3]
+
+
+def test_drafting_sequence_beside_one_token_sequences_takes_a_second_pass() -> None:
+    assert equal_split_passes([(0, 1), (1, 5)], 512) == [2, 4]
+
+
+def test_sequences_drafting_equally_share_one_pass() -> None:
+    assert equal_split_passes([(0, 5), (1, 5), (2, 5)], 512) == [15]
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [[(0, 1), (2, 1)], [(1, 1), (0, 1)]],
+    ids=["gap-between-ids", "descending-ids"],
+)
+def test_equal_split_needs_a_pass_per_sequence_unless_ids_ascend_by_one(
+    layout: list[tuple[int, int]],
+) -> None:
+    assert equal_split_passes(layout, 512) == [1, 1]
+
+
+def test_n_ubatch_caps_the_tokens_of_a_pass() -> None:
+    assert equal_split_passes([(0, 10)], 4) == [4, 4, 2]
+    assert equal_split_passes([(seq_id, 1) for seq_id in range(6)], 4) == [4, 2]
+
+
+def test_simple_split_cuts_consecutive_chunks_of_n_ubatch() -> None:
+    assert simple_split_passes(10, 4) == [4, 4, 2]
+    assert simple_split_passes(8, 4) == [4, 4]
+
+
+def test_fake_decode_charges_step_cost_per_pass_and_token_cost_per_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(fake_module.time, "sleep", slept.append)
+    backend = FakeBackend(step_cost_s=0.5, token_cost_s=0.01)
+    together = Batch()
+    together.add(1, 0, 0, True)
+    together.add(1, 0, 1, True)
+    apart = Batch()  # seq 0 one token, seq 1 three: equal split makes passes [2, 2]
+    apart.add(2, 1, 0, True)
+    for position in range(1, 4):
+        apart.add(2, position, 1, True)
+
+    backend.decode(together)
+    backend.decode(apart)
+
+    assert slept == [pytest.approx(0.5 + 2 * 0.01), pytest.approx(2 * 0.5 + 4 * 0.01)]
+
+
+# ------------------------------------------------------------------------- cost curve
+
+
+def test_single_pass_decode_teaches_the_time_of_its_size() -> None:
+    cost = DecodeCost()
+
+    cost.observe([4], 0.02)
+
+    assert cost.covers(4) and not cost.covers(3)
+    assert cost.curve() == {4: 0.02}
+    assert cost.pass_seconds(4) == 0.02
+
+
+def test_multi_pass_decode_teaches_nothing() -> None:
+    cost = DecodeCost()
+
+    cost.observe([4, 4], 0.04)
+
+    assert not cost.covers(4)
+    assert cost.curve() == {}
+
+
+def test_time_between_measured_sizes_is_interpolated() -> None:
+    cost = DecodeCost()
+    cost.observe([1], 0.01)
+    cost.observe([9], 0.05)
+
+    assert cost.pass_seconds(5) == pytest.approx(0.03)
+
+
+def test_size_below_the_smallest_measured_costs_as_much_as_it() -> None:
+    cost = DecodeCost()
+    cost.observe([4], 0.02)
+    cost.observe([8], 0.04)
+
+    assert cost.pass_seconds(1) == 0.02
+
+
+def test_size_above_the_largest_measured_follows_the_last_slope() -> None:
+    cost = DecodeCost()
+    cost.observe([1], 0.01)
+    cost.observe([5], 0.02)
+    cost.observe([9], 0.04)
+
+    assert cost.pass_seconds(13) == pytest.approx(0.06)
+
+
+def test_one_measured_size_scales_with_tokens_above_it() -> None:
+    cost = DecodeCost()
+    cost.observe([4], 0.02)
+
+    assert cost.pass_seconds(8) == pytest.approx(0.04)
+
+
+def test_decode_made_of_passes_costs_the_sum_of_its_passes() -> None:
+    cost = DecodeCost()
+    cost.observe([1], 0.01)
+    cost.observe([9], 0.05)
+
+    assert cost.seconds([9, 1, 5]) == pytest.approx(0.05 + 0.01 + 0.03)
+
+
+def test_decayed_average_follows_a_change_of_speed() -> None:
+    cost = DecodeCost(decay=0.1)
+    cost.observe([1], 0.01)
+
+    cost.observe([1], 0.02)
+    after_one = cost.pass_seconds(1)
+    for _ in range(60):
+        cost.observe([1], 0.02)
+
+    assert after_one == pytest.approx(0.011)
+    assert cost.pass_seconds(1) == pytest.approx(0.02, rel=0.01)
+
+
+def test_sizes_up_to_32_are_kept_apart_and_larger_sizes_share_buckets() -> None:
+    cost = DecodeCost(decay=0.5)
+
+    cost.observe([31], 0.1)
+    cost.observe([32], 0.2)
+    cost.observe([40], 0.3)
+    cost.observe([47], 0.5)
+
+    assert cost.curve() == {31: 0.1, 32: 0.2, 40: pytest.approx(0.4)}
