@@ -180,10 +180,11 @@ class Governor:
                     offers[key] = (alpha, proposal)
         if not offers:
             return forced
-        base = self._passes([(seq.seq_id, 1) for seq in sorted(decoding, key=_seq_id)])
+        ordered = sorted(decoding, key=_seq_id)  # batch order
+        base = self._passes([(seq.seq_id, 1) for seq in ordered])
         if not all(self.cost.covers(n) for n in base):
             return forced  # the plain step is not measured yet: nothing to price against
-        plan = self._plan(decoding, forced, offers)
+        plan = self._plan(ordered, forced, offers)
         self._note_declined(offers, plan)
         return plan
 
@@ -206,7 +207,7 @@ class Governor:
 
     def _plan(
         self,
-        decoding: Sequence[EngineSequence],
+        ordered: Sequence[EngineSequence],
         forced: dict[int, DraftProposal],
         offers: dict[int, tuple[float, DraftProposal]],
     ) -> dict[int, DraftProposal]:
@@ -216,7 +217,7 @@ class Governor:
         order = [key for key, _offer in sorted(offers.items(), key=lambda item: -item[1][0])]
         longest = max(len(p.tokens) for _a, p in offers.values())
         best_plan = forced
-        best_rate = self._rate(decoding, forced, offers)
+        best_rate = self._rate(ordered, forced, offers)
         for k in K_LADDER:
             if k > longest:
                 break
@@ -225,21 +226,22 @@ class Governor:
                 if key in plan:
                     continue
                 plan[key] = _cut(offers[key][1], k)
-                rate = self._rate(decoding, plan, offers)
+                rate = self._rate(ordered, plan, offers)
                 if rate > best_rate:
                     best_plan, best_rate = dict(plan), rate
         return best_plan
 
     def _rate(
         self,
-        decoding: Sequence[EngineSequence],
+        ordered: Sequence[EngineSequence],
         plan: dict[int, DraftProposal],
         offers: dict[int, tuple[float, DraftProposal]],
     ) -> float:
-        """Expected tokens per second of a step that verifies `plan`."""
-        tokens = float(len(decoding))
+        """Expected tokens per second of a step that verifies `plan` (`ordered`: the
+        decoding sequences in batch order)."""
+        tokens = float(len(ordered))
         layout = []
-        for seq in sorted(decoding, key=_seq_id):
+        for seq in ordered:
             draft = plan.get(id(seq))
             n = len(draft.tokens) if draft else 0
             layout.append((seq.seq_id, 1 + n))
