@@ -34,7 +34,9 @@ class Settings(BaseSettings):
         validate_default=True,
     )
 
-    model: str = Field("smollm2-135m", description="Model alias or path to a .gguf file.")
+    model: str = Field(
+        "smollm2-135m", description="Model alias, hf:owner/repo[:file-or-quant], or .gguf path."
+    )
     threads: int | None = Field(None, ge=1, description="CPU threads; default: physical cores.")
     ctx: int = Field(4096, ge=64, description="Context length of each sequence slot.")
     parallel: int = Field(4, ge=1, le=64, description="Sequence slots decoded together.")
@@ -65,6 +67,11 @@ class Settings(BaseSettings):
     )
     max_sessions: int | None = Field(
         None, ge=0, description="Sessions whose KV stays pinned (default: half the slots)."
+    )
+    cache_dir: Path | None = Field(
+        None,
+        description="Reame's own files: model records and the plugins' disk caches "
+        "(default: $XDG_CACHE_HOME/reame, else ~/.cache/reame).",
     )
 
     @field_validator("disable_plugins", "api_keys", "cors_origins", mode="before")
@@ -127,6 +134,15 @@ class Settings(BaseSettings):
     @property
     def n_threads(self) -> int:
         return self.threads or physical_cores()
+
+    @property
+    def cache_path(self) -> Path:
+        return self.cache_dir.expanduser() if self.cache_dir else default_cache_dir()
+
+
+def default_cache_dir() -> Path:
+    """Where Reame keeps its own files when `cache_dir` is not set."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "reame"
 
 
 def physical_cores() -> int:

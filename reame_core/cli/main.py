@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from reame_core.errors import ReameError
 from reame_core.logs import configure_logging
-from reame_core.models import DEFAULT_MODEL, is_model_name
+from reame_core.models import DEFAULT_MODEL, looks_like_model_name
 from reame_core.settings import Settings
 
 
@@ -116,7 +116,7 @@ def settings_from(args: argparse.Namespace, **extra: Any) -> Settings:
 
 def split_model_and_prompt(words: Sequence[str]) -> tuple[str | None, str]:
     """`reame run [MODEL] [PROMPT...]`: the first word is a model only if it names one."""
-    if words and is_model_name(words[0]):
+    if words and looks_like_model_name(words[0]):
         return words[0], " ".join(words[1:])
     return None, " ".join(words)
 
