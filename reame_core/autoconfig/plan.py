@@ -92,6 +92,8 @@ class HostPlan:
 
 
 def plan_host(settings: Settings, facts: HostFacts, shape: ModelShape) -> HostPlan:
+    """Every engine value for this model on this host: the settings' where they are set,
+    decided from the facts where not."""
     threads = _threads(settings, facts)
     flash_attn = _flash_attn(settings)
     warnings: list[str] = []

@@ -21,9 +21,8 @@ __all__ = [
 ]
 
 
-def resolve_model(
-    name: str | None, store: ModelStore | None = None, *, download: bool = True
-) -> ResolvedModel:
-    """The file for a model name, downloading a hub model on first use."""
+def resolve_model(name: str | None, store: ModelStore | None = None) -> ResolvedModel:
+    """The file for a model name, downloading a hub model on first use. For tests and
+    benchmarks: unlike a run, it does not count as a use of the model."""
     store = store or ModelStore.in_cache_dir(default_cache_dir())
-    return store.resolve(name, download=download)
+    return store.resolve(name, record_use=False)

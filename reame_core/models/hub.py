@@ -17,7 +17,6 @@ import errno
 import hashlib
 import os
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,8 +58,8 @@ class HubConfig:
     offline: bool
 
     @classmethod
-    def from_environment(cls, environ: Mapping[str, str] | None = None) -> HubConfig:
-        env = os.environ if environ is None else environ
+    def from_environment(cls) -> HubConfig:
+        env = os.environ
         xdg_cache = env.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
         hf_home = env.get("HF_HOME") or os.path.join(xdg_cache, "huggingface")
         cache_dir = env.get("HF_HUB_CACHE") or os.path.join(hf_home, "hub")
@@ -86,8 +85,6 @@ class CachedHubFile:
     repo: str
     file: str
     path: Path
-    blob: Path
-    size: int
 
 
 def cached_file(hub: HubConfig, repo: str, file: str) -> Path | None:
@@ -191,13 +188,11 @@ def cached_gguf_files(hub: HubConfig) -> list[CachedHubFile]:
                 file = cached.file_path.relative_to(snapshot).as_posix()
                 if not file.endswith(".gguf"):
                     continue
-                entry = CachedHubFile(
-                    repo.repo_id, file, cached.file_path, cached.blob_path, cached.size_on_disk
-                )
+                entry = CachedHubFile(repo.repo_id, file, cached.file_path)
                 key = (repo.repo_id, file)
                 if key not in newest or newest[key][0] < revision.last_modified:
                     newest[key] = (revision.last_modified, entry)
-    return [entry for _, entry in sorted(newest.values(), key=lambda pair: pair[1].path)]
+    return [entry for _, entry in newest.values()]
 
 
 def remove_cached(hub: HubConfig, repo: str, file: str) -> int:
@@ -226,7 +221,7 @@ def remove_cached(hub: HubConfig, repo: str, file: str) -> int:
         try:
             strategy.execute()
         except OSError as error:
-            raise ModelDownloadError(
+            raise ReameError(
                 f"Could not remove {file} from {hub.cache_dir}: {error.strerror or error}"
             ) from error
         return strategy.expected_freed_size

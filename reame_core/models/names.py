@@ -24,6 +24,8 @@ _REPO = re.compile(rf"{_REPO_PART}/{_REPO_PART}")
 _FILE_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*")
 _QUANT = re.compile(r"[A-Za-z0-9_]{1,32}")
 _ALIAS_LIKE = re.compile(r"[a-z0-9][a-z0-9._-]*")
+_SPLIT_PART = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
+_QUANT_IN_NAME = re.compile(r"(?:^|[-_.])(I?Q\d(?:_[A-Z0-9]+)*|B?F16|F32)(?=[-.]|$)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -119,10 +121,6 @@ def _unknown_name_message(name: str) -> str:
         f"Unknown model {name!r}.{hint} Use an alias (`reame ls --all` lists them), "
         "hf:owner/repo[:file-or-quant], or a path to a .gguf file."
     )
-
-
-_SPLIT_PART = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
-_QUANT_IN_NAME = re.compile(r"(?:^|[-_.])(I?Q\d(?:_[A-Z0-9]+)*|B?F16|F32)(?=[-.]|$)", re.IGNORECASE)
 
 
 def quant_of(file: str) -> str:

@@ -62,7 +62,6 @@ class ModelEntry:
     size: int
     path: Path | None
     last_used: float | None
-    source: str
 
 
 class ModelStore:
@@ -78,18 +77,13 @@ class ModelStore:
         """The store for this environment, with Reame's own records in `cache_dir`."""
         return cls(HubConfig.from_environment(), ModelLedger(cache_dir / "models.json"))
 
-    def resolve(self, name: str | None, *, download: bool = True) -> ResolvedModel:
-        """The file to load for `name`, downloading it first if needed and allowed."""
+    def resolve(self, name: str | None, *, record_use: bool = True) -> ResolvedModel:
+        """The file to load for `name`, downloaded first if it is not here yet; `reame ls`
+        shows it as used now unless `record_use` is off."""
         ref = parse_model_name(name)
-        path = self.locate(ref)
-        if path is None:
-            if not download:
-                raise ModelNotDownloadedError(
-                    f"{ref.name} is not downloaded (looked in {self._where(ref)}); "
-                    f"run `reame pull {ref.name}`."
-                )
-            path = self.pull(ref).path
-        self.ledger.mark_used(path)
+        path = self.locate(ref) or self.pull(ref).path
+        if record_use:
+            self.ledger.mark_used(path)
         return ResolvedModel(ref.name, path, _card(ref))
 
     def locate(self, ref: ModelRef) -> Path | None:
@@ -115,8 +109,9 @@ class ModelStore:
             note = f"embedded in the {ref.package.replace('_', '-')} package: nothing to download"
             return PullResult(ref.name, path, path.stat().st_size, False, note)
         if isinstance(ref, LocalModel):
-            path = self.locate(ref) or ref.path
-            return PullResult(ref.name, path, path.stat().st_size, False, "local file")
+            if not ref.path.is_file():
+                raise ModelLoadError(f"Model file not found: {ref.path}")
+            return PullResult(ref.name, ref.path, ref.path.stat().st_size, False, "local file")
         file = self._hub_file(ref, network=True)
         assert file is not None
         for _ in range(2):
@@ -160,30 +155,26 @@ class ModelStore:
         for card in CARDS.values():
             if card.embedded is None:
                 continue
-            ref = parse_model_name(card.alias)
-            assert isinstance(ref, EmbeddedModel)
             try:
-                path = embedded_path(ref)
+                path = embedded_path(EmbeddedModel(card.alias, card, *card.embedded))
             except ModelLoadError:
                 continue
             present.add(card.alias)
-            rows.append(self._entry(card.alias, card.quant, path, "embedded"))
+            rows.append(self._entry(card.alias, card.quant, path))
         for cached in hub.cached_gguf_files(self.hub):
             known = card_for_file(cached.repo, cached.file)
             name = known.alias if known else hub_name(cached.repo, cached.file)
             present.add(name)
-            rows.append(self._entry(name, quant_of(cached.file), cached.path, "hub"))
+            rows.append(self._entry(name, quant_of(cached.file), cached.path))
         if include_available:
             for card in CARDS.values():
                 if card.alias not in present:
-                    rows.append(
-                        ModelEntry(card.alias, card.quant, card.size_bytes, None, None, "hub")
-                    )
+                    rows.append(ModelEntry(card.alias, card.quant, card.size_bytes, None, None))
         return sorted(rows, key=lambda row: row.name)
 
-    def _entry(self, name: str, quant: str, path: Path, source: str) -> ModelEntry:
+    def _entry(self, name: str, quant: str, path: Path) -> ModelEntry:
         size = path.resolve().stat().st_size
-        return ModelEntry(name, quant, size, path, self.ledger.last_used(path), source)
+        return ModelEntry(name, quant, size, path, self.ledger.last_used(path))
 
     def _hub_file(self, ref: HubModel, *, network: bool) -> str | None:
         """The file a hub reference names: given, or its quantization matched against the
@@ -227,11 +218,6 @@ class ModelStore:
     def _remove_hub_file(self, repo: str, file: str, path: Path) -> int:
         self.ledger.forget(path)
         return hub.remove_cached(self.hub, repo, file)
-
-    def _where(self, ref: ModelRef) -> str:
-        if isinstance(ref, HubModel):
-            return str(self.hub.repo_dir(ref.repo))
-        return str(ref.path) if isinstance(ref, LocalModel) else ref.package
 
 
 def embedded_path(ref: EmbeddedModel) -> Path:

