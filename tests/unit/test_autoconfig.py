@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from reame_core.autoconfig.facts import HostFacts, physical_cores
+from reame_core.autoconfig import facts as facts_module
+from reame_core.autoconfig.facts import HostFacts, physical_cores, read_host_facts
 from reame_core.autoconfig.plan import (
     GIB,
     MIB,
@@ -233,3 +234,24 @@ def test_more_free_memory_never_means_a_smaller_configuration() -> None:
     larger = plan(replace(host(free_gb=1.8), memory_available=int(2.4 * GIB)), QWEN_15B)
 
     assert larger.ctx.value * larger.parallel.value >= smaller.ctx.value * smaller.parallel.value
+
+
+def test_this_machines_facts_are_consistent(tmp_path: Path) -> None:
+    facts = read_host_facts(tmp_path / "not-created-yet")
+
+    assert 1 <= facts.physical_cores <= facts.logical_cpus
+    assert 0 < facts.memory_available <= facts.memory_total
+    assert facts.disk_free > 0
+
+
+def test_a_cgroup_memory_limit_bounds_the_memory_facts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "memory.max").write_text(f"{512 * MIB}\n")
+    (tmp_path / "memory.current").write_text(f"{100 * MIB}\n")
+    monkeypatch.setattr(facts_module, "_CGROUP", tmp_path)
+
+    facts = read_host_facts(tmp_path)
+
+    assert facts.memory_total == 512 * MIB
+    assert facts.memory_available <= 412 * MIB

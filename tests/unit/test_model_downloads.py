@@ -21,6 +21,7 @@ from huggingface_hub.utils.tqdm import tqdm
 from reame_core.models import hub as hub_module
 from reame_core.models import parse_model_name
 from reame_core.models.errors import ModelDownloadError, ModelNotDownloadedError
+from reame_core.models.hub import HubConfig
 from reame_core.models.registry import CARDS
 from reame_core.models.store import ModelStore
 
@@ -306,3 +307,14 @@ def test_the_embedded_model_needs_no_download(store: ModelStore) -> None:
     assert not result.transferred
     assert "nothing to download" in result.note
     assert result.path.is_file()
+
+
+def test_the_cache_follows_hf_home_unless_hf_hub_cache_is_set(
+    model_caches: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HF_HUB_CACHE")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    assert HubConfig.from_environment().cache_dir == tmp_path / "hf-home" / "hub"
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "elsewhere"))
+    assert HubConfig.from_environment().cache_dir == tmp_path / "elsewhere"
