@@ -15,6 +15,15 @@ from fakehub import FakeHub
 _HUB_VARIABLES = ("HF_HOME", "HF_HUB_OFFLINE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def scratch_reame_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every `reame` the tests start, in process or not, keeps its records (last use,
+    verified files) in a scratch folder rather than the user's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("REAME_CACHE_DIR", str(tmp_path_factory.mktemp("reame-cache")))
+        yield
+
+
 @pytest.fixture
 def model_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Point the Hugging Face cache and Reame's own cache at fresh folders; returns the

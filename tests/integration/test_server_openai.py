@@ -24,15 +24,12 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def server_url() -> Iterator[str]:
     port = _free_port()
     reame = os.path.join(os.path.dirname(sys.executable), "reame")
-    # Reame's own records go to a scratch folder, not the user's cache.
-    cache_dir = tmp_path_factory.mktemp("reame-cache")
     process = subprocess.Popen(
         [reame, "serve", "--port", str(port), "--parallel", "8", "--ctx", "1024",
          "--threads", "2", "--api-key", API_KEY, "--log-level", "warning"],
-        env={**os.environ, "REAME_CACHE_DIR": str(cache_dir)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
