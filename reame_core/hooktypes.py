@@ -50,6 +50,7 @@ class ModelInfo:
     chat_template: str | None
     prefix_trim_safe: bool
     kv_type: str = "f16"
+    n_threads: int = 1  # CPU threads the context computes with
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 

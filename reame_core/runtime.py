@@ -1,4 +1,5 @@
-"""Putting a running Reame together: settings -> plugins -> backend -> engine.
+"""Putting a running Reame together: settings -> model file -> host plan -> plugins ->
+backend -> engine.
 
 The CLI, the server and the benchmarks all start here, so every entry point runs the
 same configuration for the same settings.
@@ -10,9 +11,11 @@ from dataclasses import dataclass
 
 import structlog
 
+from reame_core.autoconfig.facts import read_host_facts
+from reame_core.autoconfig.plan import HostPlan, plan_host
 from reame_core.backend.base import Backend
 from reame_core.engine.engine import Engine
-from reame_core.models import resolve_model
+from reame_core.models import ModelStore, ResolvedModel
 from reame_core.plugins import PluginHost
 from reame_core.settings import Settings
 
@@ -31,26 +34,53 @@ class Runtime:
         self.backend.close()
 
 
-def load_backend(settings: Settings) -> Backend:
+@dataclass(frozen=True)
+class Preparation:
+    """The model file and the host plan a runtime would start with."""
+
+    model: ResolvedModel
+    plan: HostPlan
+
+
+def prepare(settings: Settings) -> Preparation:
+    """Find (or download) the model, then plan threads, context, slots and KV for this host."""
+    from reame_core.backend.llama import read_model_shape
+
+    model = ModelStore.in_cache_dir(settings.cache_path).resolve(settings.model)
+    facts = read_host_facts(settings.cache_path)
+    return Preparation(model, plan_host(settings, facts, read_model_shape(model.path)))
+
+
+def load_backend(settings: Settings, preparation: Preparation) -> Backend:
     from reame_core.backend.llama import LlamaBackend
 
-    model = resolve_model(settings.model)
+    plan = preparation.plan
     return LlamaBackend(
-        model.path,
-        n_ctx_seq=settings.ctx,
-        n_seq_max=settings.parallel,
-        n_batch=settings.batch,
-        n_threads=settings.n_threads,
+        preparation.model.path,
+        n_ctx_seq=plan.ctx.value,
+        n_seq_max=plan.parallel.value,
+        n_batch=plan.batch.value,
+        n_threads=plan.threads.value,
         deterministic=settings.deterministic,
-        name=model.name,
+        flash_attn=plan.flash_attn.value,
+        type_k=plan.kv_type_k.value,
+        type_v=plan.kv_type_v.value,
+        name=preparation.model.name,
     )
 
 
 def start_runtime(
     settings: Settings, *, backend: Backend | None = None, plugins: PluginHost | None = None
 ) -> Runtime:
+    """Start an engine. Without a `backend`, load the configured model with a host plan."""
     plugins = plugins or PluginHost(settings.disable_plugins)
-    backend = backend or load_backend(settings)
+    if backend is None:
+        preparation = prepare(settings)
+        log.info("host configuration", **dict(preparation.plan.explain()))
+        for warning in preparation.plan.warnings:
+            log.warning("host configuration", problem=warning)
+        settings = settings.with_plugin_defaults(preparation.plan.plugin_defaults())
+        backend = load_backend(settings, preparation)
     plugins.hook.reame_configure(settings=settings, model=backend.info)
     engine = Engine(
         backend,
@@ -66,7 +96,7 @@ def start_runtime(
         model=backend.info.name,
         slots=backend.info.n_seq_max,
         ctx_per_slot=backend.info.n_ctx_seq,
-        threads=settings.n_threads,
+        kv_type=backend.info.kv_type,
         deterministic=settings.deterministic,
         guarantees=determinism_note(backend, settings),
     )

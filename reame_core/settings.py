@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, PrivateAttr, field_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -34,11 +34,23 @@ class Settings(BaseSettings):
         validate_default=True,
     )
 
-    model: str = Field("smollm2-135m", description="Model alias or path to a .gguf file.")
+    model: str = Field(
+        "smollm2-135m", description="Model alias, hf:owner/repo[:file-or-quant], or .gguf path."
+    )
+    # None: host auto-configuration decides (reame_core.autoconfig), and says why.
     threads: int | None = Field(None, ge=1, description="CPU threads; default: physical cores.")
-    ctx: int = Field(4096, ge=64, description="Context length of each sequence slot.")
-    parallel: int = Field(4, ge=1, le=64, description="Sequence slots decoded together.")
-    batch: int = Field(512, ge=16, description="Most tokens in one decode step (n_batch).")
+    ctx: int | None = Field(
+        None, ge=64, description="Context length of each sequence slot; default: from RAM."
+    )
+    parallel: int | None = Field(
+        None, ge=1, le=64, description="Sequence slots decoded together; default: from RAM."
+    )
+    kv_type: Literal["f16", "q8_0"] | None = Field(
+        None, description="KV cache type; default: f16, q8_0 when memory is tight."
+    )
+    batch: int | None = Field(
+        None, ge=16, description="Most tokens in one decode step (n_batch); default: 512."
+    )
     prefill_chunk: int = Field(
         128, ge=1, description="Most prompt tokens per step while other streams are decoding."
     )
@@ -54,7 +66,9 @@ class Settings(BaseSettings):
     )
     draft_max: int = Field(16, ge=0, le=64, description="Most draft tokens per sequence and step.")
     draft_model: str | None = Field(
-        None, description="Smaller model of the same vocabulary that drafts for the target."
+        None,
+        description="Smaller model of the same vocabulary that drafts for the target "
+        "(alias, hf: reference or .gguf path; auto: the partner the model's alias names).",
     )
     disable_plugins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -75,6 +89,14 @@ class Settings(BaseSettings):
     max_sessions: int | None = Field(
         None, ge=0, description="Sessions whose KV stays pinned (default: half the slots)."
     )
+    cache_dir: Path | None = Field(
+        None,
+        description="Reame's own files: model records and the plugins' disk caches "
+        "(default: $XDG_CACHE_HOME/reame, else ~/.cache/reame).",
+    )
+
+    # Defaults that host auto-configuration offers the plugin sections; see `plugin_section`.
+    _plugin_defaults: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)
 
     @field_validator("disable_plugins", "api_keys", "cors_origins", mode="before")
     @classmethod
@@ -127,33 +149,33 @@ class Settings(BaseSettings):
         return keys
 
     def plugin_section(self, name: str, model: type[SectionT]) -> SectionT:
-        """This plugin's own settings, validated by the plugin's model."""
-        return model.model_validate(self.plugins.get(name, {}))
+        """This plugin's own settings, validated by the plugin's model.
+
+        Auto-configured defaults (such as ``budget_bytes`` for a disk cache) fill the keys
+        the plugin's model declares and the settings leave unset; others are not offered,
+        so a plugin opts in by declaring the field.
+        """
+        defaults = {
+            key: value
+            for key, value in self._plugin_defaults.get(name, {}).items()
+            if key in model.model_fields
+        }
+        return model.model_validate({**defaults, **self.plugins.get(name, {})})
+
+    def with_plugin_defaults(self, defaults: dict[str, dict[str, Any]]) -> Settings:
+        """A copy whose plugin sections fall back on `defaults`."""
+        copy = self.model_copy()
+        copy._plugin_defaults = {name: dict(values) for name, values in defaults.items()}
+        return copy
 
     def plugin_enabled(self, name: str) -> bool:
         return name not in self.disable_plugins
 
     @property
-    def n_threads(self) -> int:
-        return self.threads or physical_cores()
+    def cache_path(self) -> Path:
+        return self.cache_dir.expanduser() if self.cache_dir else default_cache_dir()
 
 
-def physical_cores() -> int:
-    """Physical cores, not hyper-threads: llama.cpp decode gains nothing from SMT siblings."""
-    cores: set[tuple[str, str]] = set()
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return max(1, (os.cpu_count() or 2) // 2)
-    physical_id = core_id = ""
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip()
-        if key == "physical id":
-            physical_id = value.strip()
-        elif key == "core id":
-            core_id = value.strip()
-            cores.add((physical_id, core_id))
-    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    count = len(cores) or (os.cpu_count() or 1)
-    return max(1, min(count, available) if available else count)
+def default_cache_dir() -> Path:
+    """Where Reame keeps its own files when `cache_dir` is not set."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "reame"

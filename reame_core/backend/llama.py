@@ -12,7 +12,8 @@ import ctypes
 import hashlib
 import os
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from reame_core.backend.base import (
 )
 from reame_core.errors import ModelLoadError
 from reame_core.hooktypes import FimTokens, ModelInfo
+from reame_core.models.shape import KVType, ModelShape
 
 log = structlog.get_logger(__name__)
 
@@ -64,14 +66,58 @@ def default_flash_attn(deterministic: bool) -> bool:
     return not deterministic
 
 
-def vocab_pieces(path: str | Path) -> list[bytes]:
-    """Every token's bytes (control tokens as written), read without loading the weights."""
+# A GGUF without a trained context length is old or odd; llama.cpp itself then uses 4096.
+_UNKNOWN_TRAINED_CTX = 4096
+_GGML_TYPES: dict[KVType, int] = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
+
+
+@contextmanager
+def _header_only(path: str | Path) -> Iterator[Any]:
+    """The model's vocabulary and metadata, without its weights (llama.cpp `vocab_only`)."""
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True
     model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
     if not model:
-        raise ModelLoadError(f"llama.cpp could not read the vocabulary of {path}")
+        raise ModelLoadError(f"llama.cpp could not read {path} (not a GGUF model?)")
     try:
+        yield model
+    finally:
+        llama_cpp.llama_model_free(model)
+
+
+def read_model_shape(path: Path) -> ModelShape:
+    """The sizes host auto-configuration needs, from the GGUF metadata alone.
+
+    A model that stores per-layer head counts (an array, which the metadata strings skip)
+    is sized as if every head had its own KV: an overestimate, never an underestimate.
+    """
+    with _header_only(path) as model:
+        arch = _meta(model, "general.architecture") or ""
+
+        def number(key: str) -> int | None:
+            value = _meta(model, f"{arch}.{key}")
+            return int(value) if value is not None and value.isdigit() else None
+
+        n_embd, n_layer = number("embedding_length"), number("block_count")
+        if not n_embd or not n_layer:
+            raise ModelLoadError(f"{path} lacks the {arch} sizes llama.cpp needs")
+        n_head = number("attention.head_count") or max(1, n_embd // 128)
+        head_dim = n_embd // n_head
+        return ModelShape(
+            file_bytes=path.stat().st_size,
+            n_layer=n_layer,
+            n_head=n_head,
+            n_head_kv=number("attention.head_count_kv") or n_head,
+            head_dim_k=number("attention.key_length") or head_dim,
+            head_dim_v=number("attention.value_length") or head_dim,
+            n_vocab=llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model)),
+            n_ctx_train=number("context_length") or _UNKNOWN_TRAINED_CTX,
+        )
+
+
+def vocab_pieces(path: str | Path) -> list[bytes]:
+    """Every token's bytes (control tokens as written), read without loading the weights."""
+    with _header_only(path) as model:
         vocab = llama_cpp.llama_model_get_vocab(model)
         buf = ctypes.create_string_buffer(256)
         pieces = []
@@ -82,8 +128,18 @@ def vocab_pieces(path: str | Path) -> list[bytes]:
                 n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, True)
             pieces.append(buf.raw[:n])
         return pieces
-    finally:
-        llama_cpp.llama_model_free(model)
+
+
+def _meta(model: Any, key: str) -> str | None:
+    """A GGUF metadata value as text, or None if the file has no such key."""
+    buf = ctypes.create_string_buffer(256)
+    n = llama_cpp.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    if n < 0:
+        return None
+    if n >= len(buf):
+        buf = ctypes.create_string_buffer(n + 1)
+        llama_cpp.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    return buf.value.decode("utf-8", "replace")
 
 
 def file_digest(path: Path) -> str:
@@ -109,6 +165,8 @@ class LlamaBackend:
         n_threads: int = 2,
         deterministic: bool = True,
         flash_attn: bool | None = None,
+        type_k: KVType = "f16",
+        type_v: KVType = "f16",
         name: str | None = None,
     ) -> None:
         self.path = Path(path)
@@ -137,6 +195,11 @@ class LlamaBackend:
             if flash_attn
             else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
+        if type_v != "f16" and not flash_attn:
+            # llama.cpp refuses the context otherwise; say why instead of "could not create".
+            raise ModelLoadError(f"A {type_v} V cache needs flash attention, which is off.")
+        ctx_params.type_k = _GGML_TYPES[type_k]
+        ctx_params.type_v = _GGML_TYPES[type_v]
         self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
         if not self._ctx:
             llama_cpp.llama_model_free(self._model)
@@ -156,22 +219,22 @@ class LlamaBackend:
             n_seq_max=n_seq_max,
             n_batch=n_batch,
             settings_key=f"unified={not deterministic}/fa={flash_attn}/seqs={n_seq_max}",
+            kv_type=type_k if type_k == type_v else f"{type_k}/{type_v}",
+            n_threads=n_threads,
         )
 
     # ------------------------------------------------------------------ facts
 
-    def _meta(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(256)
-        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
-        if n < 0:
-            return None
-        if n >= len(buf):
-            buf = ctypes.create_string_buffer(n + 1)
-            llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", "replace")
-
     def _describe(
-        self, name: str, *, n_ctx_seq: int, n_seq_max: int, n_batch: int, settings_key: str
+        self,
+        name: str,
+        *,
+        n_ctx_seq: int,
+        n_seq_max: int,
+        n_batch: int,
+        settings_key: str,
+        kv_type: str,
+        n_threads: int,
     ) -> ModelInfo:
         vocab = self._vocab
 
@@ -184,7 +247,7 @@ class LlamaBackend:
             llama_cpp.llama_vocab_fim_mid(vocab),
         )
         template = llama_cpp.llama_model_chat_template(self._model, None)
-        architecture = self._meta("general.architecture") or "unknown"
+        architecture = _meta(self._model, "general.architecture") or "unknown"
         trim_safe = not (
             llama_cpp.llama_model_n_swa(self._model) > 0
             or llama_cpp.llama_model_is_recurrent(self._model)
@@ -193,7 +256,7 @@ class LlamaBackend:
         eog = frozenset(t for t in range(self._n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t))
         fingerprint = hashlib.sha256(
             "/".join(
-                [file_digest(self.path), architecture, "kv=f16", settings_key, "state-v1"]
+                [file_digest(self.path), architecture, f"kv={kv_type}", settings_key, "state-v1"]
             ).encode()
         ).hexdigest()[:32]
         extra: dict[str, Any] = {
@@ -218,7 +281,8 @@ class LlamaBackend:
             fim=FimTokens(*fim_ids) if all(t >= 0 for t in fim_ids) else None,
             chat_template=template.decode("utf-8") if template else None,
             prefix_trim_safe=trim_safe,
-            kv_type="f16",
+            kv_type=kv_type,
+            n_threads=n_threads,
             extra=extra,
         )
 

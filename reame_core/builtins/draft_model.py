@@ -59,18 +59,19 @@ class DraftModel:
     @hookimpl
     def reame_configure(self, settings: Settings, model: ModelInfo) -> None:
         self.settings = settings.plugin_section(NAME, DraftModelSettings)
-        if settings.draft_model is None:
+        name = draft_model_name(settings)
+        if name is None:
             return
         from reame_core.backend.llama import LlamaBackend, vocab_pieces
-        from reame_core.models import resolve_model
+        from reame_core.models import ModelStore
 
-        draft = resolve_model(settings.draft_model)
+        draft = ModelStore.in_cache_dir(settings.cache_path).resolve(name)
         backend = LlamaBackend(
             draft.path,
             n_ctx_seq=model.n_ctx_seq,
             n_seq_max=model.n_seq_max,
             n_batch=model.n_batch,
-            n_threads=settings.n_threads,
+            n_threads=model.n_threads,
             name=draft.name,
         )
         try:
@@ -209,6 +210,20 @@ class DraftModel:
         logits = backend.decode(batch)
         for row, index in enumerate(owners):
             rows[index] = np.array(logits[row], copy=True)
+
+
+def draft_model_name(settings: Settings) -> str | None:
+    """The draft model to load: ``--draft-model``, where ``auto`` means the one the target's
+    alias card names (none for models without a card or a same-vocabulary partner)."""
+    if settings.draft_model != "auto":
+        return settings.draft_model
+    from reame_core.models.registry import card_for
+
+    card = card_for(settings.model)
+    if card is None or card.draft is None:
+        log.info("no default draft model for this model", model=settings.model)
+        return None
+    return card.draft
 
 
 def check_same_vocabulary(target: Sequence[bytes], draft: LlamaBackend, target_name: str) -> None:

@@ -1,4 +1,4 @@
-"""The `reame` command: run, serve, plugins.
+"""The `reame` command: run, serve, pull, ls, rm, config, plugins.
 
 Flags are turned into `Settings` overrides (flags win over env and the config file); the
 subcommands then start the same runtime the server uses.
@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from pydantic import ValidationError
+from rich.console import Console
 
 from reame_core.errors import ReameError
 from reame_core.logs import configure_logging
-from reame_core.models import DEFAULT_MODEL, is_model_name
+from reame_core.models import DEFAULT_MODEL, looks_like_model_name
 from reame_core.settings import Settings
 
 
@@ -23,8 +24,18 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model and engine")
     group.add_argument("--config", help="TOML settings file (also REAME_CONFIG)")
     group.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
-    group.add_argument("--ctx", type=int, help="context length per sequence slot")
-    group.add_argument("--parallel", type=int, help="sequence slots decoded together")
+    group.add_argument(
+        "--ctx", type=int, help="context length per sequence slot (default: from free RAM)"
+    )
+    group.add_argument(
+        "--parallel", type=int, help="sequence slots decoded together (default: from free RAM)"
+    )
+    group.add_argument(
+        "--kv-type",
+        choices=["f16", "q8_0"],
+        help="KV cache type (default: f16, q8_0 when RAM is tight)",
+    )
+    group.add_argument("--cache-dir", help="Reame's own files (default: ~/.cache/reame)")
     group.add_argument("--batch", type=int, help="most tokens per decode step")
     group.add_argument(
         "--deterministic",
@@ -46,7 +57,10 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
         help="speculative decoding (default auto: only where it pays)",
     )
     group.add_argument("--draft-max", type=int, help="most draft tokens per sequence and step")
-    group.add_argument("--draft-model", help="smaller model of the same vocabulary that drafts")
+    group.add_argument(
+        "--draft-model",
+        help="smaller model of the same vocabulary that drafts (auto: the alias's partner)",
+    )
     group.add_argument("--log-json", action="store_true", default=None, help="JSON log lines")
     group.add_argument(
         "--log-prompts", action="store_true", default=None, help="allow prompts in logs"
@@ -75,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "words", nargs="*", metavar="[MODEL] [PROMPT]", help=f"model (default {DEFAULT_MODEL})"
+    )
+    run.add_argument(
+        "--explain",
+        action="store_true",
+        help="print the configuration this run would use, and why, then exit",
     )
     _sampling_flags(run)
     _engine_flags(run)
@@ -105,6 +124,28 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-sessions", type=int, help="conversations whose KV stays pinned")
     _engine_flags(serve)
 
+    pull = commands.add_parser(
+        "pull", help="download a model (or check it is current)", description=_MODEL_NAMES
+    )
+    pull.add_argument("model", metavar="MODEL")
+    _engine_flags(pull)
+
+    ls = commands.add_parser("ls", help="list downloaded models")
+    ls.add_argument(
+        "--all", action="store_true", dest="include_available", help="also list known aliases"
+    )
+    _engine_flags(ls)
+
+    rm = commands.add_parser("rm", help="delete a downloaded model", description=_MODEL_NAMES)
+    rm.add_argument("model", metavar="MODEL")
+    _engine_flags(rm)
+
+    config = commands.add_parser(
+        "config", help="show the configuration Reame picks for this host, and why"
+    )
+    config.add_argument("model", nargs="?", help=f"model (default {DEFAULT_MODEL})")
+    _engine_flags(config)
+
     plugins = commands.add_parser("plugins", help="list plugins and the hooks they implement")
     _engine_flags(plugins)
 
@@ -118,9 +159,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_MODEL_NAMES = (
+    "MODEL is an alias (`reame ls --all`), hf:owner/repo[:file-or-quant] for any GGUF on the "
+    "Hugging Face Hub (default quantization Q4_K_M), or a path to a .gguf file. Downloads go to "
+    "the Hugging Face cache (HF_HOME, HF_HUB_CACHE; HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE apply)."
+)
+
+
 def settings_from(args: argparse.Namespace, **extra: Any) -> Settings:
     fields = (
-        "threads", "ctx", "parallel", "batch", "deterministic", "disable_plugins",
+        "threads", "ctx", "parallel", "kv_type", "cache_dir", "batch", "deterministic",
+        "disable_plugins",
         "log_json", "log_prompts", "log_level", "host", "port", "api_keys", "api_key_file",
         "max_queue", "max_body_bytes", "cors_origins", "max_sessions", "speculate",
         "draft_max", "draft_model",
@@ -132,7 +181,7 @@ def settings_from(args: argparse.Namespace, **extra: Any) -> Settings:
 
 def split_model_and_prompt(words: Sequence[str]) -> tuple[str | None, str]:
     """`reame run [MODEL] [PROMPT...]`: the first word is a model only if it names one."""
-    if words and is_model_name(words[0]):
+    if words and looks_like_model_name(words[0]):
         return words[0], " ".join(words[1:])
     return None, " ".join(words)
 
@@ -144,6 +193,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             model, prompt = split_model_and_prompt(args.words)
             settings = settings_from(args, model=model)
             configure_logging(json=settings.log_json, level=_quiet(settings), prompts=False)
+            if args.explain:
+                from reame_core.cli.config import config_command
+
+                return config_command(settings, sys.stdout)
             from reame_core.cli.run import run_command
 
             return run_command(settings, args, prompt)
@@ -159,11 +212,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from reame_core.cli.speculation import speculation_command
 
             return speculation_command(args.url, args.api_key)
-        settings = settings_from(args)
+        settings = settings_from(args, model=getattr(args, "model", None))
         configure_logging(json=settings.log_json, level=_quiet(settings))
-        from reame_core.cli.plugins import plugins_command
-
-        return plugins_command(settings)
+        return _model_command(args, settings)
     except ValidationError as error:
         print(f"reame: invalid settings:\n{error}", file=sys.stderr)
         return 2
@@ -172,6 +223,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _model_command(args: argparse.Namespace, settings: Settings) -> int:
+    """The commands that manage models or describe the setup rather than run a model."""
+    if args.command in ("pull", "ls", "rm"):
+        from reame_core.cli import models
+
+        if args.command == "pull":
+            return models.pull_command(settings, args.model, sys.stdout)
+        if args.command == "rm":
+            return models.rm_command(settings, args.model, sys.stdout)
+        return models.ls_command(settings, Console(), include_available=args.include_available)
+    if args.command == "config":
+        from reame_core.cli.config import config_command
+
+        return config_command(settings, sys.stdout)
+    from reame_core.cli.plugins import plugins_command
+
+    return plugins_command(settings)
 
 
 def _quiet(settings: Settings) -> str:

@@ -48,6 +48,9 @@ def fake_runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Runtime]]:
         (["hello", "there"], None, "hello there"),
         (["smollm2-135m", "hello"], "smollm2-135m", "hello"),
         (["./models/x.gguf"], "./models/x.gguf", ""),
+        (["qwen2.5-1.5b", "Summarize", "this"], "qwen2.5-1.5b", "Summarize this"),
+        (["hf:owner/repo:Q8_0", "hi"], "hf:owner/repo:Q8_0", "hi"),
+        (["qwen2.5-1.5", "hi"], "qwen2.5-1.5", "hi"),
         ([], None, ""),
     ],
 )

@@ -37,12 +37,10 @@ def test_defaults_need_no_file_or_environment() -> None:
     settings = Settings.load()
 
     assert settings.model == "smollm2-135m"
-    assert (settings.ctx, settings.parallel, settings.batch, settings.prefill_chunk) == (
-        4096,
-        4,
-        512,
-        128,
-    )
+    # Left to host auto-configuration (reame_core.autoconfig).
+    assert (settings.threads, settings.ctx, settings.parallel, settings.batch) == (None,) * 4
+    assert settings.kv_type is None
+    assert settings.prefill_chunk == 128
     assert settings.deterministic
     assert settings.disable_plugins == []
     assert settings.plugins == {}
@@ -58,7 +56,7 @@ def test_config_file_overrides_defaults(config: Path) -> None:
     settings = Settings.load(config_file=config)
 
     assert (settings.parallel, settings.ctx) == (2, 1024)
-    assert settings.batch == 512
+    assert settings.batch is None
 
 
 def test_environment_overrides_the_config_file(
@@ -153,3 +151,40 @@ def test_out_of_range_value_raises_a_validation_error(monkeypatch: pytest.Monkey
 
     with pytest.raises(ValidationError, match="parallel"):
         Settings.load()
+
+
+class BudgetOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    budget_bytes: int = 0
+
+
+def test_auto_defaults_fill_the_plugin_fields_left_unset() -> None:
+    settings = Settings.load().with_plugin_defaults({"diskkv": {"budget_bytes": 5 << 30}})
+
+    assert settings.plugin_section("diskkv", BudgetOptions).budget_bytes == 5 << 30
+
+
+def test_an_explicit_plugin_value_wins_over_the_auto_default(config: Path) -> None:
+    config.write_text("[plugins.diskkv]\nbudget_bytes = 1024\n")
+    settings = Settings.load(config_file=config)
+
+    auto = settings.with_plugin_defaults({"diskkv": {"budget_bytes": 5 << 30}})
+
+    assert auto.plugin_section("diskkv", BudgetOptions).budget_bytes == 1024
+
+
+def test_auto_defaults_are_offered_only_to_plugins_that_declare_the_field() -> None:
+    settings = Settings.load().with_plugin_defaults({"diskkv": {"budget_bytes": 5 << 30}})
+
+    assert settings.plugin_section("diskkv", DiskOptions) == DiskOptions()
+
+
+def test_the_cache_directory_follows_xdg_unless_set(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert Settings.load().cache_path == tmp_path / "xdg" / "reame"
+
+    monkeypatch.setenv("REAME_CACHE_DIR", str(tmp_path / "mine"))
+    assert Settings.load().cache_path == tmp_path / "mine"

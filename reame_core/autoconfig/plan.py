@@ -1,0 +1,289 @@
+"""Host auto-configuration: from host facts, a model's shape and the settings, every engine
+value Reame runs with, each with the reason it was chosen.
+
+Explicit settings (flag, REAME_* environment, config file) always win; auto values fill the
+rest. The priorities, in order: the model must fit in memory; each sequence slot gets the
+context a request needs (4096 tokens, or what the model was trained on if less); then as
+many slots as the cores can use (two per thread); the KV cache is quantized to q8_0 only
+when that is what makes the target fit.
+
+Flash attention follows `deterministic` (off there: it changed tokens after a prefix
+restore). llama.cpp stores a quantized V cache only with flash attention, so in the
+deterministic configuration q8_0 applies to the keys and the values stay f16.
+
+Pure functions of their inputs: tests feed fake facts and check the decisions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from reame_core.autoconfig.facts import HostFacts
+from reame_core.models.shape import KVType, ModelShape
+from reame_core.settings import Settings
+
+T = TypeVar("T")
+
+KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
+TARGET_CTX = 4096
+TARGET_BATCH, SMALL_BATCH = 512, 128
+# A batch's logits buffer may take at most this share of available memory.
+BATCH_MEMORY_SHARE = 0.25
+MIN_CTX = 512
+CTX_STEP = 256
+SLOTS_PER_THREAD = 2
+MAX_AUTO_SLOTS = 16
+# Python, the HTTP server, llama.cpp's own small buffers and the rest of the system.
+RUNTIME_RESERVE = 256 * MIB
+PREFIX_CACHE_SHARE, PREFIX_CACHE_CAP = 0.25, 10 * GIB
+ARCHIVE_SHARE, ARCHIVE_CAP = 0.05, 1 * GIB
+MIN_DISK_FOR_CACHES = 1 * GIB
+BUDGET_KEY = "budget_bytes"
+
+
+@dataclass(frozen=True)
+class Choice(Generic[T]):
+    """A value Reame runs with and why; `explicit` when the settings named it."""
+
+    value: T
+    why: str
+    explicit: bool = False
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    threads: Choice[int]
+    ctx: Choice[int]
+    parallel: Choice[int]
+    batch: Choice[int]
+    kv_type_k: Choice[KVType]
+    kv_type_v: Choice[KVType]
+    flash_attn: Choice[bool]
+    prefix_cache_bytes: Choice[int]
+    archive_bytes: Choice[int]
+    memory: str
+    warnings: tuple[str, ...] = field(default=())
+
+    def explain(self) -> list[tuple[str, str]]:
+        """(setting, "value: why") for every decision, in the order they were made."""
+
+        def line(choice: Choice[Any], shown: str) -> str:
+            return f"{shown}{' (set)' if choice.explicit else ''}: {choice.why}"
+
+        return [
+            ("threads", line(self.threads, str(self.threads.value))),
+            ("ctx", line(self.ctx, str(self.ctx.value))),
+            ("parallel", line(self.parallel, str(self.parallel.value))),
+            ("batch", line(self.batch, str(self.batch.value))),
+            ("kv_type", line(self.kv_type_k, _kv_label(self))),
+            ("flash_attn", line(self.flash_attn, "on" if self.flash_attn.value else "off")),
+            ("memory", self.memory),
+            ("diskkv budget", line(self.prefix_cache_bytes, size(self.prefix_cache_bytes.value))),
+            ("palimpsest budget", line(self.archive_bytes, size(self.archive_bytes.value))),
+        ]
+
+    def plugin_defaults(self) -> dict[str, dict[str, Any]]:
+        """Defaults this plan offers to plugin settings sections (explicit values win)."""
+        return {
+            "diskkv": {BUDGET_KEY: self.prefix_cache_bytes.value},
+            "palimpsest": {BUDGET_KEY: self.archive_bytes.value},
+        }
+
+
+def plan_host(settings: Settings, facts: HostFacts, shape: ModelShape) -> HostPlan:
+    """Every engine value for this model on this host: the settings' where they are set,
+    decided from the facts where not."""
+    threads = _threads(settings, facts)
+    flash_attn = _flash_attn(settings)
+    warnings: list[str] = []
+
+    ctx_target = settings.ctx or min(TARGET_CTX, shape.n_ctx_train)
+    slots_target = settings.parallel or min(
+        MAX_AUTO_SLOTS, max(2, SLOTS_PER_THREAD * threads.value)
+    )
+    batch = _batch(settings, facts, shape, ctx_target)
+    compute = shape.compute_buffer_bytes(batch.value, ctx_target)
+    room = facts.memory_available - shape.file_bytes - compute - RUNTIME_RESERVE
+    if facts.memory_available < shape.file_bytes + RUNTIME_RESERVE:
+        warnings.append(
+            f"the model ({size(shape.file_bytes)}) does not fit in the "
+            f"{size(facts.memory_available)} of memory available: it will be read from disk "
+            "as it runs, very slowly; pick a smaller model"
+        )
+
+    kv_k, kv_v = _kv_types(settings, flash_attn.value, shape, room, ctx_target * slots_target)
+    per_token = shape.kv_bytes_per_token(kv_k.value, kv_v.value)
+    ctx, parallel = _ctx_and_slots(settings, shape, room, per_token, ctx_target, slots_target)
+    kv_bytes = int(ctx.value * parallel.value * per_token)
+    if kv_bytes > max(room, 0):
+        warnings.append(
+            f"{parallel.value} slots x {ctx.value} tokens need {size(kv_bytes)} of KV cache but "
+            f"only {size(max(room, 0))} is left after the model: expect swapping"
+        )
+    memory = (
+        f"{size(facts.memory_available)} available of {size(facts.memory_total)}: model "
+        f"{size(shape.file_bytes)}, KV cache {size(kv_bytes)}, compute buffers about "
+        f"{size(compute)}, {size(RUNTIME_RESERVE)} kept for the rest"
+    )
+    return HostPlan(
+        threads=threads,
+        ctx=ctx,
+        parallel=parallel,
+        batch=batch,
+        kv_type_k=kv_k,
+        kv_type_v=kv_v,
+        flash_attn=flash_attn,
+        prefix_cache_bytes=_disk_budget(
+            settings, facts, "diskkv", PREFIX_CACHE_SHARE, PREFIX_CACHE_CAP, "a quarter"
+        ),
+        archive_bytes=_disk_budget(settings, facts, "palimpsest", ARCHIVE_SHARE, ARCHIVE_CAP, "5%"),
+        memory=memory,
+        warnings=tuple(warnings),
+    )
+
+
+def _threads(settings: Settings, facts: HostFacts) -> Choice[int]:
+    if settings.threads:
+        return Choice(settings.threads, "set in the settings", explicit=True)
+    cores = facts.physical_cores
+    why = f"{cores} physical core{'s' if cores != 1 else ''}"
+    if facts.logical_cpus > cores:
+        why += f" ({facts.logical_cpus} logical CPUs: SMT siblings add nothing to decoding)"
+    return Choice(cores, why)
+
+
+def _batch(settings: Settings, facts: HostFacts, shape: ModelShape, ctx: int) -> Choice[int]:
+    if settings.batch:
+        return Choice(settings.batch, "set in the settings", explicit=True)
+    full = shape.compute_buffer_bytes(TARGET_BATCH, ctx)
+    if full <= facts.memory_available * BATCH_MEMORY_SHARE:
+        return Choice(TARGET_BATCH, f"tokens per decode call; its buffers take {size(full)}")
+    return Choice(
+        SMALL_BATCH,
+        f"memory is tight: {TARGET_BATCH}-token calls would need {size(full)} of buffers "
+        "(mostly logits over the whole vocabulary); long prompts take more calls",
+    )
+
+
+def _flash_attn(settings: Settings) -> Choice[bool]:
+    if settings.deterministic:
+        return Choice(
+            False, "deterministic configuration (with it on, a restored prefix changed tokens)"
+        )
+    return Choice(True, "--no-deterministic selects llama.cpp's fastest settings")
+
+
+def _kv_types(
+    settings: Settings, flash_attn: bool, shape: ModelShape, room: int, tokens: int
+) -> tuple[Choice[KVType], Choice[KVType]]:
+    values_note = "values stay f16: a quantized V cache needs flash attention, off here"
+    if settings.kv_type is not None:
+        keys: Choice[KVType] = Choice(settings.kv_type, "set in the settings", explicit=True)
+        if settings.kv_type != "f16" and not flash_attn:
+            return keys, Choice("f16", values_note)
+        return keys, Choice(settings.kv_type, "set in the settings", explicit=True)
+    f16_need = int(tokens * shape.kv_bytes_per_token("f16", "f16"))
+    if f16_need <= room:
+        why = f"{size(f16_need)} of KV fits in the {size(room)} left after the model"
+        return Choice("f16", why), Choice("f16", why)
+    why = (
+        f"memory is tight: f16 KV would need {size(f16_need)}, "
+        f"{size(max(room, 0))} is left after the model"
+    )
+    if flash_attn:
+        return Choice("q8_0", why), Choice("q8_0", why)
+    return Choice("q8_0", f"{why}; {values_note}"), Choice("f16", values_note)
+
+
+def _ctx_and_slots(
+    settings: Settings,
+    shape: ModelShape,
+    room: int,
+    per_token: float,
+    ctx_target: int,
+    slots_target: int,
+) -> tuple[Choice[int], Choice[int]]:
+    set_note = "set in the settings"
+    left = f"the {size(max(room, 0))} left after the model"
+    if settings.ctx and settings.parallel:
+        return Choice(settings.ctx, set_note, True), Choice(settings.parallel, set_note, True)
+    if settings.ctx:
+        slots = _clamp(int(room // (settings.ctx * per_token)), 1, slots_target)
+        return Choice(settings.ctx, set_note, True), Choice(
+            slots, _slots_why(slots, slots_target, settings.ctx, left)
+        )
+    if settings.parallel:
+        ctx = _fit_ctx(room / settings.parallel, per_token, ctx_target)
+        return Choice(ctx, _ctx_why(ctx, ctx_target, shape, left)), Choice(
+            settings.parallel, set_note, True
+        )
+    slots = int(room // (ctx_target * per_token))
+    if slots >= 1:
+        slots = min(slots, slots_target)
+        return Choice(ctx_target, _ctx_why(ctx_target, ctx_target, shape, left)), Choice(
+            slots, _slots_why(slots, slots_target, ctx_target, left)
+        )
+    # Not even one slot at the target: one slot, with the context memory allows.
+    ctx = _fit_ctx(room, per_token, ctx_target)
+    return Choice(ctx, _ctx_why(ctx, ctx_target, shape, left)), Choice(
+        1, f"memory allows one slot only ({left})"
+    )
+
+
+def _fit_ctx(room: float, per_token: float, ctx_target: int) -> int:
+    fitting = int(room // per_token) // CTX_STEP * CTX_STEP
+    return _clamp(fitting, MIN_CTX, ctx_target)
+
+
+def _ctx_why(ctx: int, ctx_target: int, shape: ModelShape, left: str) -> str:
+    if ctx == ctx_target:
+        if ctx_target < TARGET_CTX:
+            return f"tokens per slot: all the model was trained on ({shape.n_ctx_train})"
+        return f"tokens per slot (the model was trained on {shape.n_ctx_train})"
+    if ctx == MIN_CTX:
+        return f"tokens per slot: the least Reame runs with; {left} holds less"
+    return f"tokens per slot: what {left} holds"
+
+
+def _slots_why(slots: int, target: int, ctx: int, left: str) -> str:
+    if slots == target:
+        return (
+            f"{SLOTS_PER_THREAD} per thread (batched decoding shares each weight read), "
+            f"and their KV at {ctx} tokens fits in {left}"
+        )
+    return f"what {left} holds at {ctx} tokens per slot (target {target})"
+
+
+def _disk_budget(
+    settings: Settings, facts: HostFacts, plugin: str, share: float, cap: int, share_name: str
+) -> Choice[int]:
+    explicit = settings.plugins.get(plugin, {}).get(BUDGET_KEY)
+    if isinstance(explicit, int):
+        return Choice(explicit, f"set in [plugins.{plugin}]", explicit=True)
+    free = facts.disk_free
+    if free < MIN_DISK_FOR_CACHES:
+        return Choice(0, f"only {size(free)} free in {facts.disk_path}: disk cache off")
+    budget = min(int(free * share), cap) // MIB * MIB
+    return Choice(
+        budget,
+        f"{share_name} of the {size(free)} free in {facts.disk_path}, at most {size(cap)}",
+    )
+
+
+def _kv_label(plan: HostPlan) -> str:
+    k, v = plan.kv_type_k.value, plan.kv_type_v.value
+    return k if k == v else f"{k} keys, {v} values"
+
+
+def _clamp(value: int, low: int, high: int) -> int:
+    return max(low, min(value, high))
+
+
+def size(n_bytes: float) -> str:
+    """Bytes for people: 448 MiB, 4.4 GiB."""
+    if n_bytes >= GIB:
+        return f"{n_bytes / GIB:.1f} GiB"
+    if n_bytes >= MIB:
+        return f"{n_bytes / MIB:.0f} MiB"
+    return f"{n_bytes / KIB:.0f} KiB"

@@ -1,0 +1,60 @@
+"""`reame config` and `reame run --explain`: the configuration a run would use, and why.
+
+Nothing is downloaded or loaded. A known alias that is not downloaded yet is planned from
+its registry card, so the answer to "does the 7B fit this box?" costs no download.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TextIO
+
+from reame_core.autoconfig.facts import HostFacts, read_host_facts
+from reame_core.autoconfig.plan import HostPlan, plan_host, size
+from reame_core.models import ModelStore, parse_model_name
+from reame_core.models.errors import ModelNotDownloadedError
+from reame_core.models.names import LocalModel
+from reame_core.models.shape import ModelShape
+from reame_core.settings import Settings
+
+
+def config_command(settings: Settings, out: TextIO) -> int:
+    facts = read_host_facts(settings.cache_path)
+    model, shape = _model_shape(settings)
+    plan = plan_host(settings, facts, shape)
+    out.write(render(settings.model, model, facts, plan))
+    return 0
+
+
+def render(name: str, model: str, facts: HostFacts, plan: HostPlan) -> str:
+    lines = [
+        f"model    {name}: {model}",
+        f"host     {facts.arch}, {facts.physical_cores} physical cores "
+        f"({facts.logical_cpus} logical CPUs), {size(facts.memory_available)} of "
+        f"{size(facts.memory_total)} memory available, {size(facts.disk_free)} free "
+        f"in {facts.disk_path}",
+        "",
+    ]
+    rows = plan.explain()
+    width = max(len(label) for label, _ in rows)
+    lines += [f"{label:<{width}}  {text}" for label, text in rows]
+    lines += [f"warning: {warning}" for warning in plan.warnings]
+    lines += ["", "Any value can be set by flag, REAME_* environment variable or config file."]
+    return "\n".join(lines) + "\n"
+
+
+def _model_shape(settings: Settings) -> tuple[str, ModelShape]:
+    from reame_core.backend.llama import read_model_shape
+
+    store = ModelStore.in_cache_dir(settings.cache_path)
+    ref = parse_model_name(settings.model)
+    path: Path | None = store.locate(ref)
+    if path is not None:
+        return str(path), read_model_shape(path)
+    if not isinstance(ref, LocalModel) and ref.card is not None:
+        card = ref.card
+        return f"not downloaded yet; sized from {card.repo}/{card.file}", card.shape
+    raise ModelNotDownloadedError(
+        f"{ref.name} is not downloaded, and only its file tells its size; "
+        f"run `reame pull {ref.name}` first."
+    )

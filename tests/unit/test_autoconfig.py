@@ -1,0 +1,257 @@
+"""Host auto-configuration: decisions from fake host facts, and the reasons given for them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reame_core.autoconfig import facts as facts_module
+from reame_core.autoconfig.facts import HostFacts, physical_cores, read_host_facts
+from reame_core.autoconfig.plan import (
+    GIB,
+    MIB,
+    RUNTIME_RESERVE,
+    HostPlan,
+    plan_host,
+)
+from reame_core.models.registry import CARDS
+from reame_core.models.shape import ModelShape
+from reame_core.settings import Settings
+
+SMOLLM2 = CARDS["smollm2-135m"].shape
+QWEN_05B = CARDS["qwen2.5-0.5b"].shape
+QWEN_15B = CARDS["qwen2.5-1.5b"].shape
+QWEN_7B = CARDS["qwen2.5-7b"].shape
+TINYLLAMA = CARDS["tinyllama-1.1b"].shape
+
+
+def host(
+    cores: int = 2,
+    logical: int | None = None,
+    total_gb: float = 4,
+    free_gb: float = 3,
+    disk_gb: float = 50,
+    arch: str = "x86_64",
+) -> HostFacts:
+    return HostFacts(
+        arch=arch,
+        physical_cores=cores,
+        logical_cpus=logical or cores,
+        memory_total=int(total_gb * GIB),
+        memory_available=int(free_gb * GIB),
+        disk_free=int(disk_gb * GIB),
+        disk_path=Path("/var/cache/reame"),
+    )
+
+
+ARM_1GB = host(cores=2, total_gb=1, free_gb=1, disk_gb=20, arch="aarch64")
+SERVER_16 = host(cores=16, logical=32, total_gb=64, free_gb=60, disk_gb=500)
+
+
+def plan(facts: HostFacts, shape: ModelShape, **settings: Any) -> HostPlan:
+    return plan_host(Settings(**settings), facts, shape)
+
+
+def kv_bytes(result: HostPlan, shape: ModelShape) -> float:
+    per_token = shape.kv_bytes_per_token(result.kv_type_k.value, result.kv_type_v.value)
+    return result.ctx.value * result.parallel.value * per_token
+
+
+def test_threads_are_the_physical_cores_not_the_logical_cpus() -> None:
+    result = plan(SERVER_16, QWEN_15B)
+
+    assert result.threads.value == 16
+    assert "16 physical cores" in result.threads.why
+    assert "32 logical CPUs" in result.threads.why
+
+
+def test_smt_siblings_count_as_one_core() -> None:
+    siblings = {0: "0,2", 1: "1,3", 2: "0,2", 3: "1,3"}
+
+    assert physical_cores({0, 1, 2, 3}, siblings) == 2
+    assert physical_cores({0, 2}, siblings) == 1
+    assert physical_cores({0, 1, 2}, {}) == 3  # no topology (ARM boards): one core each
+
+
+def test_the_explanation_says_why_in_one_line_per_value() -> None:
+    lines = dict(plan(host(cores=2), SMOLLM2).explain())
+
+    assert lines["threads"] == "2: 2 physical cores"
+    assert set(lines) >= {"ctx", "parallel", "batch", "kv_type", "flash_attn", "memory"}
+
+
+def test_a_roomy_server_gets_f16_kv_the_full_context_and_many_slots() -> None:
+    result = plan(SERVER_16, QWEN_15B)
+
+    assert (result.kv_type_k.value, result.kv_type_v.value) == ("f16", "f16")
+    assert result.ctx.value == 4096
+    assert result.parallel.value == 16
+    assert result.batch.value == 512
+    assert result.warnings == ()
+
+
+def test_two_slots_per_thread_on_a_small_box() -> None:
+    assert plan(host(cores=2, free_gb=8), QWEN_15B).parallel.value == 4
+
+
+def test_a_2_core_arm_box_with_1_gb_runs_the_0_5b_model_within_its_memory() -> None:
+    result = plan(ARM_1GB, QWEN_05B)
+
+    assert result.threads.value == 2
+    assert result.batch.value == 128  # 512-token logits over 152k tokens would not fit
+    compute = QWEN_05B.compute_buffer_bytes(result.batch.value, result.ctx.value)
+    used = QWEN_05B.file_bytes + compute + RUNTIME_RESERVE + kv_bytes(result, QWEN_05B)
+    assert used <= ARM_1GB.memory_available
+    assert result.warnings == ()
+
+
+def test_tight_memory_quantizes_the_keys_and_keeps_f16_values_when_deterministic() -> None:
+    result = plan(host(free_gb=1.9), QWEN_15B)
+
+    assert (result.kv_type_k.value, result.kv_type_v.value) == ("q8_0", "f16")
+    assert "flash attention" in result.kv_type_v.why
+    assert not result.flash_attn.value
+
+
+def test_tight_memory_quantizes_keys_and_values_when_flash_attention_is_on() -> None:
+    result = plan(host(free_gb=1.9), QWEN_15B, deterministic=False)
+
+    assert result.flash_attn.value
+    assert (result.kv_type_k.value, result.kv_type_v.value) == ("q8_0", "q8_0")
+
+
+def test_slots_shrink_before_the_context_does() -> None:
+    result = plan(host(free_gb=1.9), QWEN_15B)
+
+    assert result.ctx.value == 4096
+    assert 1 <= result.parallel.value < 4
+    assert "target 4" in result.parallel.why
+
+
+def test_the_context_shrinks_when_not_even_one_slot_fits() -> None:
+    result = plan(host(free_gb=1.75), QWEN_15B)
+
+    assert result.parallel.value == 1
+    assert 512 <= result.ctx.value < 4096
+    assert result.ctx.value % 256 == 0
+    room = host(free_gb=1.75).memory_available - QWEN_15B.file_bytes - RUNTIME_RESERVE
+    assert kv_bytes(result, QWEN_15B) <= room
+
+
+def test_a_model_larger_than_memory_is_warned_about() -> None:
+    result = plan(ARM_1GB, QWEN_7B)
+
+    assert result.parallel.value == 1
+    assert result.ctx.value == 512
+    assert any("does not fit" in warning for warning in result.warnings)
+
+
+def test_the_context_never_exceeds_what_the_model_was_trained_on() -> None:
+    result = plan(SERVER_16, TINYLLAMA)
+
+    assert result.ctx.value == 2048
+    assert "trained on (2048)" in result.ctx.why
+
+
+def test_explicit_settings_win_and_are_marked_as_set() -> None:
+    result = plan(ARM_1GB, QWEN_05B, threads=1, ctx=1024, parallel=2, batch=64, kv_type="f16")
+
+    assert (result.threads.value, result.ctx.value, result.parallel.value) == (1, 1024, 2)
+    assert (result.batch.value, result.kv_type_k.value) == (64, "f16")
+    lines = dict(result.explain())
+    assert lines["threads"].startswith("1 (set)")
+    assert lines["kv_type"].startswith("f16 (set)")
+
+
+def test_an_explicit_context_leaves_the_slot_count_to_memory() -> None:
+    result = plan(host(free_gb=2.5), QWEN_15B, ctx=8192)
+
+    assert result.ctx.value == 8192
+    assert result.parallel.explicit is False
+    assert kv_bytes(result, QWEN_15B) <= 2.5 * GIB - QWEN_15B.file_bytes
+
+
+def test_explicit_slots_leave_the_context_to_memory() -> None:
+    result = plan(host(free_gb=2.5), QWEN_15B, parallel=16)
+
+    assert result.parallel.value == 16
+    assert result.ctx.value < 4096
+
+
+def test_an_explicit_q8_0_kv_quantizes_only_the_keys_when_deterministic() -> None:
+    result = plan(SERVER_16, QWEN_15B, kv_type="q8_0")
+
+    assert (result.kv_type_k.value, result.kv_type_v.value) == ("q8_0", "f16")
+
+
+def test_disk_budgets_take_a_share_of_the_free_disk_up_to_a_cap() -> None:
+    small = plan(host(disk_gb=8), SMOLLM2)
+    large = plan(SERVER_16, SMOLLM2)
+
+    assert small.prefix_cache_bytes.value == 2 * GIB
+    assert small.archive_bytes.value == int(8 * GIB * 0.05) // MIB * MIB
+    assert large.prefix_cache_bytes.value == 10 * GIB
+    assert large.archive_bytes.value == 1 * GIB
+    assert "/var/cache/reame" in large.prefix_cache_bytes.why
+
+
+def test_disk_caches_are_off_on_a_nearly_full_disk() -> None:
+    result = plan(host(disk_gb=0.5), SMOLLM2)
+
+    assert (result.prefix_cache_bytes.value, result.archive_bytes.value) == (0, 0)
+
+
+def test_an_explicit_disk_budget_wins() -> None:
+    result = plan(SERVER_16, SMOLLM2, plugins={"diskkv": {"budget_bytes": 123 * MIB}})
+
+    assert result.prefix_cache_bytes.value == 123 * MIB
+    assert result.prefix_cache_bytes.explicit
+    assert result.plugin_defaults()["diskkv"] == {"budget_bytes": 123 * MIB}
+
+
+@pytest.mark.parametrize(
+    "facts",
+    [ARM_1GB, host(cores=4, total_gb=8, free_gb=6), SERVER_16],
+    ids=["arm-2core-1gb", "4core-8gb", "server-16core-64gb"],
+)
+@pytest.mark.parametrize("alias", sorted(CARDS))
+def test_every_model_gets_a_plan_that_fits_or_a_warning(facts: HostFacts, alias: str) -> None:
+    shape = CARDS[alias].shape
+    result = plan(facts, shape)
+
+    compute = shape.compute_buffer_bytes(result.batch.value, result.ctx.value)
+    used = shape.file_bytes + compute + RUNTIME_RESERVE + kv_bytes(result, shape)
+    assert used <= facts.memory_available or result.warnings
+    assert 1 <= result.parallel.value <= 16
+    assert 512 <= result.ctx.value <= shape.n_ctx_train
+
+
+def test_more_free_memory_never_means_a_smaller_configuration() -> None:
+    smaller = plan(host(free_gb=1.8), QWEN_15B)
+    larger = plan(replace(host(free_gb=1.8), memory_available=int(2.4 * GIB)), QWEN_15B)
+
+    assert larger.ctx.value * larger.parallel.value >= smaller.ctx.value * smaller.parallel.value
+
+
+def test_this_machines_facts_are_consistent(tmp_path: Path) -> None:
+    facts = read_host_facts(tmp_path / "not-created-yet")
+
+    assert 1 <= facts.physical_cores <= facts.logical_cpus
+    assert 0 < facts.memory_available <= facts.memory_total
+    assert facts.disk_free > 0
+
+
+def test_a_cgroup_memory_limit_bounds_the_memory_facts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "memory.max").write_text(f"{512 * MIB}\n")
+    (tmp_path / "memory.current").write_text(f"{100 * MIB}\n")
+    monkeypatch.setattr(facts_module, "_CGROUP", tmp_path)
+
+    facts = read_host_facts(tmp_path)
+
+    assert facts.memory_total == 512 * MIB
+    assert facts.memory_available <= 412 * MIB
