@@ -3,7 +3,7 @@ governor saves where drafts never hit.
 
 Workloads (single stream, the embedded SmolLM2-135M unless --model):
   rewrite      copy / fix typos / reformat tasks, greedy: output largely repeats the prompt;
-  adversarial  free text at temperature 1.5, seeded: drafts rarely hit.
+  adversarial  free text at temperature 1.0, seeded: drafts are proposed but rarely hit.
 Modes: off (no drafts), auto (the governor decides), on (every proposal verified in full).
 Each measurement runs in its own process (see common.py), alternating off/auto/on, `--reps`
 times; the figure is generated tokens per second of decoding (prompt time excluded), and
@@ -29,32 +29,42 @@ import time
 from pathlib import Path
 from typing import Any
 
+from reame_core.settings import Settings
+
+# What a 135M model really copies: tasks whose answer repeats most of the prompt.
 REWRITES = (
-    "Copy this text exactly, word for word: The quick brown fox jumps over the lazy dog near "
+    "Copy this text exactly, word for word:\n\nDear customer, thank you for your order number "
+    "48213. Your package was shipped on Monday and will arrive within three to five business "
+    "days. If you have any questions, please reply to this email.",
+    "Copy this text exactly, word for word:\n\nInvoice 2291. Date: 12 March 2024. Customer: "
+    "Acme Ltd, 14 Harbour Road, Leeds. Items: 3 boxes of paper at 12.50 each, 2 printer "
+    "cartridges at 39.99 each. Total due: 117.48. Payment within 30 days.",
+    "Copy this text exactly, word for word:\n\nThe quick brown fox jumps over the lazy dog near "
     "the river bank. Every morning, the farmer walks to the market with a basket of fresh "
     "apples, and he sells them to the children who wait by the old stone bridge.",
-    "Fix the typos in this paragraph and write it out again: The wether was nice, so we "
-    "walkd to the park and sat on a bench under the big oak tree untill the sun went down "
-    "behind the hills. Then we went home and maked dinner for the hole family.",
-    "Rewrite this list as a JSON array of strings: apples, oranges, bananas, grapes, pears, "
-    "plums, cherries, lemons, limes, mangoes.",
-    "Repeat the following sentences exactly: Paris is the capital of France. Berlin is the "
-    "capital of Germany. Madrid is the capital of Spain. Rome is the capital of Italy.",
-    "Copy this code exactly:\ndef add(a, b):\n    return a + b\n\ndef multiply(a, b):\n"
-    "    return a * b\n\nprint(add(2, 3), multiply(4, 5))",
-    "Write this address again on one line: Mr. John Smith, 42 Baker Street, London, "
-    "NW1 6XE, United Kingdom. Phone: 020 7946 0958.",
+    "Fix the typos in this paragraph:\n\nThe wether was nice, so we walkd to the park and sat "
+    "on a bench under the big oak tree untill the sun went down behind the hills.",
+    "Copy this text exactly, word for word:\n\nMeeting notes, 4 June. Present: Anna, Bruno, "
+    "Chen. Decisions: the release moves to 18 June; Bruno owns the migration script; Chen "
+    "reviews the billing changes by Friday. Next meeting: 11 June at 10:00.",
+    "Copy this text exactly, word for word:\n\nProduct: Trail runner shoe, model TR-40. "
+    "Sizes 38 to 46. Colours: black, blue, red. Weight 280 g. Waterproof upper, recycled "
+    "rubber sole. Price 89 euros. Ships in 2 days.",
 )
+# Free text at temperature 1.0: words and digits recur, so prompt lookup proposes, but what
+# followed them before rarely follows again.
 ADVERSARIAL = (
+    "Continue this sequence of random numbers with forty more: 4821 9355 1203 7764 2098 5531",
+    "Write forty random four-digit codes separated by spaces, like 1834 2290 7713.",
+    "List random letter pairs: ab qz kt ab mv qz lp ab kt zz",
     "Write a wild, surreal story about a city made of glass.",
-    "Invent ten strange new words and define each one.",
-    "Describe a dream you might have about the ocean.",
-    "Write a poem about the colour of silence.",
 )
 MODES = ("off", "auto", "on")
 
 
-def child(mode: str, workload: str, model_path: str | None, threads: int) -> dict[str, Any]:
+def child(
+    mode: str, workload: str, model_path: str | None, threads: int, draft_max: int
+) -> dict[str, Any]:
     from reame_core.backend.llama import LlamaBackend
     from reame_core.chat import encode_chat
     from reame_core.engine.engine import Engine
@@ -65,12 +75,12 @@ def child(mode: str, workload: str, model_path: str | None, threads: int) -> dic
     backend = LlamaBackend(
         model.path, n_ctx_seq=2048, n_seq_max=4, n_batch=512, n_threads=threads, name=model.name
     )
-    engine = Engine(backend, speculate=mode).start()  # type: ignore[arg-type]
+    engine = Engine(backend, speculate=mode, draft_max=draft_max).start()  # type: ignore[arg-type]
     if workload == "rewrite":
         texts, params = REWRITES, SamplingParams(max_tokens=160)
     else:
         texts = ADVERSARIAL
-        params = SamplingParams(max_tokens=128, temperature=1.5, seed=7, ignore_eos=True)
+        params = SamplingParams(max_tokens=160, temperature=1.0, seed=7, ignore_eos=True)
     engine.generate(GenerationRequest(encode_chat(backend, [{"role": "user", "content": "Hi"}])))
     tokens, decode_ms, proposed, accepted, outputs = 0, 0.0, 0, 0, []
     for text in texts:
@@ -174,6 +184,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", help="model alias or .gguf path (default: embedded)")
+    parser.add_argument("--draft-max", type=int, default=Settings().draft_max)
     parser.add_argument("--llama-server", help="llama.cpp's llama-server binary, to compare")
     parser.add_argument("--child", nargs="*")
     args = parser.parse_args()
@@ -182,14 +193,15 @@ def main() -> None:
         if kind == "ceiling":
             print(json.dumps(ceiling(args.model, args.threads)))
         else:
-            print(json.dumps(child(kind, rest[0], args.model, args.threads)))
+            print(json.dumps(child(kind, rest[0], args.model, args.threads, args.draft_max)))
         return
 
     sys.path.insert(0, str(Path(__file__).parent))
     from common import median_ratio, write_report
 
     script = str(Path(__file__))
-    extra = ["--threads", str(args.threads)] + (["--model", args.model] if args.model else [])
+    extra = ["--threads", str(args.threads), "--draft-max", str(args.draft_max)]
+    extra += ["--model", args.model] if args.model else []
 
     def run(*child_args: str) -> dict[str, Any]:
         from common import measure
@@ -241,6 +253,7 @@ def main() -> None:
 
     report.update(
         threads=args.threads,
+        draft_max=args.draft_max,
         reps=args.reps,
         model=args.model or "smollm2-135m (embedded, Q4_1)",
         command=" ".join(["python", "benchmarks/speculation.py", *sys.argv[1:]]),
