@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import os
 import platform
+import socket
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,34 @@ def measure(script: str, *args: str) -> dict[str, Any]:
     if completed.returncode != 0:
         raise RuntimeError(f"measurement {args} failed:\n{completed.stderr[-2000:]}")
     return dict(json.loads(completed.stdout.strip().splitlines()[-1]))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def running_server(argv: Sequence[str], port: int) -> Iterator[str]:
+    """Start an HTTP server process (Reame's or another's) and wait until /health says
+    200; yields its base URL and stops the process afterwards."""
+    import httpx
+
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
 
 
 def median_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> float:

@@ -18,13 +18,10 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import httpx
@@ -105,30 +102,16 @@ async def load(url: str, streams: int, tokens: int, model: str | None) -> dict[s
     }
 
 
-@contextmanager
-def reame_server(threads: int) -> Iterator[str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+def reame_server(threads: int) -> AbstractContextManager[str]:
+    from common import free_port, running_server
+
+    port = free_port()
     reame = os.path.join(os.path.dirname(sys.executable), "reame")
-    process = subprocess.Popen(
+    return running_server(
         [reame, "serve", "--port", str(port), "--parallel", "8", "--ctx", "1024",
          "--threads", str(threads), "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        port,
     )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def main() -> None:

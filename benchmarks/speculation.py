@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -136,24 +134,12 @@ def ceiling(model_path: str | None, threads: int) -> dict[str, Any]:
 def llama_server_rates(binary: str, model_path: str, threads: int, spec: list[str]) -> float:
     """Decode tok/s of llama-server on the rewrite workload, as its own timings report."""
     import httpx
+    from common import free_port, running_server
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    process = subprocess.Popen(
-        [binary, "-m", model_path, "-t", str(threads), "-c", "2048", "-np", "1",
-         "--port", str(port), "--no-webui", *spec],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+    port = free_port()
+    argv = [binary, "-m", model_path, "-t", str(threads), "-c", "2048", "-np", "1",
+            "--port", str(port), "--no-webui", *spec]  # fmt: skip
+    with running_server(argv, port) as url:
         tokens, ms = 0, 0.0
         for text in REWRITES:
             body = {
@@ -166,9 +152,6 @@ def llama_server_rates(binary: str, model_path: str, threads: int, spec: list[st
             tokens += reply["timings"]["predicted_n"]
             ms += reply["timings"]["predicted_ms"]
         return tokens / (ms / 1000)
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 LLAMA_SERVER_SPECS = {
