@@ -4,18 +4,20 @@ OpenAI-compatible server), reporting aggregate tok/s and time to first token p50
 With no --url it starts `reame serve` on the embedded model itself, then measures:
   - serving overhead: one stream over HTTP (read by a plain blocking socket) vs the engine
     driven directly (goal >= 95%), alternating, each engine measurement in its own process;
-  - 1, 4 and 8 concurrent streams, aggregate.
-With --url it only drives that server (e.g. llama.cpp's llama-server with the same model,
-threads and slots, to compare).
+  - 1, 4 and 8 concurrent streams, aggregate; with --llama-server PATH also llama.cpp's own
+    server on the same model, threads and slots, alternating with Reame within each rep.
+With --url it only drives that server.
 
     .venv/bin/python benchmarks/http_load.py [--tokens 128] [--reps 3]
-    .venv/bin/python benchmarks/http_load.py --url http://127.0.0.1:8081 --label llama-server
+    .venv/bin/python benchmarks/http_load.py --llama-server PATH  # both, alternating
+    .venv/bin/python benchmarks/http_load.py --url http://127.0.0.1:8081 --label other
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -23,6 +25,7 @@ import sys
 import time
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -103,13 +106,29 @@ async def load(url: str, streams: int, tokens: int, model: str | None) -> dict[s
 
 
 def reame_server(threads: int) -> AbstractContextManager[str]:
+    """Speculation off: the comparison is of serving, and llama-server does not speculate
+    by default."""
     from common import free_port, running_server
 
     port = free_port()
     reame = os.path.join(os.path.dirname(sys.executable), "reame")
     return running_server(
         [reame, "serve", "--port", str(port), "--parallel", "8", "--ctx", "1024",
-         "--threads", str(threads), "--log-level", "warning"],
+         "--threads", str(threads), "--log-level", "warning", "--speculate", "off"],
+        port,
+    )  # fmt: skip
+
+
+def llama_server(binary: str, threads: int) -> AbstractContextManager[str]:
+    """llama.cpp's own server on the same model, threads and slots (its default settings)."""
+    from common import free_port, running_server
+
+    from reame_core.models import resolve_model
+
+    port = free_port()
+    return running_server(
+        [binary, "-m", str(resolve_model(None).path), "-t", str(threads), "-np", "8",
+         "-c", "8192", "--port", str(port), "--no-webui"],
         port,
     )  # fmt: skip
 
@@ -122,33 +141,46 @@ def main() -> None:
     parser.add_argument("--url", help="drive this server instead of starting reame serve")
     parser.add_argument("--model", help="model field to send (needed by some servers)")
     parser.add_argument("--label", default="reame")
+    parser.add_argument("--llama-server", help="llama.cpp's llama-server binary, to compare")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).parent))
     from common import measure, median_ratio, write_report
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     overhead = None
 
-    def run_all(url: str) -> None:
+    def run_all(servers: dict[str, str]) -> None:
+        """1, 4 and 8 streams against each server, alternating servers within each rep."""
         for streams in (1, 4, 8):
-            samples = [
-                asyncio.run(load(url, streams, args.tokens, args.model)) for _ in range(args.reps)
-            ]
-            row = {
-                "streams": streams,
-                "tok_s": round(statistics.median(s["tok_s"] for s in samples), 1),
-                "ttft_p50_ms": round(1000 * statistics.median(s["ttft_p50"] for s in samples), 1),
-                "ttft_p95_ms": round(1000 * statistics.median(s["ttft_p95"] for s in samples), 1),
-            }
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            samples: dict[str, list[dict[str, float]]] = {name: [] for name in servers}
+            for _ in range(args.reps):
+                for name, url in servers.items():
+                    samples[name].append(asyncio.run(load(url, streams, args.tokens, args.model)))
+            for name, runs in samples.items():
+                row: dict[str, Any] = {
+                    "server": name,
+                    "streams": streams,
+                    "tok_s": round(statistics.median(s["tok_s"] for s in runs), 1),
+                    "ttft_p50_ms": round(1000 * statistics.median(s["ttft_p50"] for s in runs), 1),
+                    "ttft_p95_ms": round(1000 * statistics.median(s["ttft_p95"] for s in runs), 1),
+                }
+                if name != "reame" and "reame" in samples:
+                    row["reame_vs_this"] = round(
+                        median_ratio(
+                            [s["tok_s"] for s in samples["reame"]], [s["tok_s"] for s in runs]
+                        ),
+                        3,
+                    )
+                rows.append(row)
+                print(json.dumps(row), flush=True)
 
     if args.url:
-        run_all(args.url)
+        run_all({args.label: args.url})
     else:
         throughput = str(Path(__file__).parent / "engine_throughput.py")
         http_seconds, engine_seconds = [], []
-        with reame_server(args.threads) as url:
+        with contextlib.ExitStack() as stack:
+            url = stack.enter_context(reame_server(args.threads))
             for _ in range(args.reps):
                 http_seconds.append(one_stream_blocking(url, PROMPTS[0], args.tokens))
                 engine_seconds.append(
@@ -157,12 +189,19 @@ def main() -> None:
                 )  # fmt: skip
             overhead = round(median_ratio(engine_seconds, http_seconds), 3)
             print(json.dumps({"http_vs_engine_one_stream": overhead}), flush=True)
-            run_all(url)
+            servers = {"reame": url}
+            if args.llama_server:
+                servers["llama-server"] = stack.enter_context(
+                    llama_server(args.llama_server, args.threads)
+                )
+            run_all(servers)
     path = write_report(
         f"http_load_{args.label}",
         {
             "server": args.label,
-            "url": args.url or "reame serve (embedded SmolLM2-135M, 8 slots, ctx 1024/slot)",
+            "url": args.url
+            or "reame serve --speculate off (embedded SmolLM2-135M, 8 slots, ctx 1024/slot)"
+            + (", llama-server -np 8 -c 8192, same model" if args.llama_server else ""),
             "threads": args.threads,
             "tokens_per_stream": args.tokens,
             "reps": args.reps,
@@ -172,11 +211,12 @@ def main() -> None:
         },
     )
     print(f"\nwritten to {path}\n")
-    print("| streams | aggregate tok/s | TTFT p50 ms | TTFT p95 ms |")
-    print("|---|---|---|---|")
+    print("| server | streams | aggregate tok/s | TTFT p50 ms | TTFT p95 ms | Reame / it |")
+    print("|---|---|---|---|---|---|")
     for row in rows:
         print(
-            f"| {row['streams']} | {row['tok_s']} | {row['ttft_p50_ms']} | {row['ttft_p95_ms']} |"
+            f"| {row['server']} | {row['streams']} | {row['tok_s']} | {row['ttft_p50_ms']} "
+            f"| {row['ttft_p95_ms']} | {row.get('reame_vs_this', '')} |"
         )
 
 
