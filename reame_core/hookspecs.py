@@ -100,9 +100,16 @@ def reame_prefix_lookup(tokens: Sequence[int], reused: int, model: ModelInfo) ->
     """Offer a stored KV state for a prompt that would otherwise be prefilled.
 
     `reused` prompt tokens are already available from memory; return a hit only if it
-    covers more. The engine restores the state and, if the model allows trimming, cuts
-    it back to the shared length; a state whose tokens differ from the prompt's is a bug
-    in the plugin, so the hit's first `n_tokens` must equal ``tokens[:n_tokens]``.
+    covers more. The hit's first `n_tokens` must equal ``tokens[:n_tokens]`` (the engine
+    refuses a hit that does not). A state holding more tokens than those (a snapshot of a
+    longer prompt sharing `n_tokens` with this one) names all of them in `state_tokens`,
+    and the engine cuts it back after restoring it. Only models with
+    ``model.prefix_trim_safe`` can be cut back: for the others offer only states whose
+    tokens are all a prefix of the prompt and at most ``len(tokens) - 2`` long, since the
+    engine always computes the last two prompt tokens itself.
+
+    The engine waits for the answer: keep a miss cheap (no file reads), and read only the
+    state you return.
     """
 
 
@@ -110,13 +117,19 @@ def reame_prefix_lookup(tokens: Sequence[int], reused: int, model: ModelInfo) ->
 def reame_prefix_store_points(tokens: Sequence[int], model: ModelInfo) -> Iterable[int]:
     """Prompt lengths at which this plugin wants a KV snapshot of the prompt prefix.
 
-    The scheduler ends a prefill chunk at each point, then calls ``reame_prefix_store``.
+    The scheduler ends a prefill chunk at each point beyond the reused prefix, then calls
+    ``reame_prefix_store``. A point that would make a one-token chunk (one token past the
+    previous point, or one before the prompt's end) is skipped: a lone token is computed
+    along another kernel path. Each snapshot copies the state on the engine thread: name
+    only prefixes the plugin does not hold yet.
     """
 
 
 @hookspec
 def reame_prefix_store(tokens: Sequence[int], state: bytes, model: ModelInfo) -> None:
-    """A sequence's KV holds exactly `tokens`; `state` is its serialized state."""
+    """A sequence's KV holds exactly `tokens`, computed as prompt chunks; `state` is its
+    serialized state, the plugin's own copy. Compressing and writing it belongs on the
+    plugin's own thread."""
 
 
 # ----------------------------------------------------------------- drafting
