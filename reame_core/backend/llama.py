@@ -163,9 +163,12 @@ class LlamaBackend:
             or llama_cpp.llama_model_is_hybrid(self._model)
         )
         eog = frozenset(t for t in range(self._n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t))
+        # The build takes part: another llama.cpp version or CPU kernel set may lay out or
+        # compute the KV otherwise, and a restored state must equal a cold prefill's.
+        build = f"llama.cpp={llama_cpp.__version__}/{system_info()}"
         fingerprint = hashlib.sha256(
             "/".join(
-                [file_digest(self.path), architecture, "kv=f16", settings_key, "state-v1"]
+                [file_digest(self.path), architecture, "kv=f16", settings_key, build, "state-v1"]
             ).encode()
         ).hexdigest()[:32]
         extra: dict[str, Any] = {
