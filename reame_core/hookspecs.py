@@ -5,10 +5,10 @@ Reame's own features are plugins that implement these hooks (see
 through the ``reame`` entry-point group. A plugin is any module or object with
 functions named like the specs below, marked with ``reame_core.hookimpl``.
 
-Threading: every hook except the lifecycle ones runs on the engine thread, between two
-decode steps. Hooks must not block for long: each millisecond spent in a hook is a
-millisecond every running stream waits. Plugins that do I/O (a disk cache writing a
-snapshot) hand the work to their own thread.
+Threading: every hook except the lifecycle and command-line ones runs on the engine
+thread, between two decode steps. Hooks must not block for long: each millisecond spent in
+a hook is a millisecond every running stream waits. Plugins that do I/O (a disk cache
+writing a snapshot) hand the work to their own thread.
 
 The groups follow a request through the engine:
 
@@ -20,6 +20,7 @@ The groups follow a request through the engine:
     accounting  reame_drafts_verified, reame_tokens_committed
     selection   reame_select_candidates
     reporting   reame_describe, reame_collect_stats
+    command     reame_add_options, reame_add_commands
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    import argparse
+
     import numpy as np
 
     from reame_core.engine.sampler import TokenSampler
@@ -211,3 +214,28 @@ def reame_describe() -> str:
 @hookspec
 def reame_collect_stats() -> Mapping[str, Mapping[str, Any]] | None:
     """Counters for metrics and the CLI, as ``{"group": {"counter": value}}``."""
+
+
+# ------------------------------------------------------------- command line
+
+
+@hookspec
+def reame_add_options(parser: argparse.ArgumentParser) -> None:
+    """Add flags for this plugin's settings to a `reame` command that loads settings.
+
+    A flag's ``dest`` names the setting it sets, as ``"plugins.<section>.<key>"``; a value
+    given on the command line lands in ``settings.plugins[section][key]``, over the
+    environment and the config file. Flags are parsed before the settings say which
+    plugins are disabled, so every installed plugin adds its flags.
+    """
+
+
+@hookspec
+def reame_add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `reame` subcommands with ``commands.add_parser(name, ...)``.
+
+    Each added parser sets ``handler`` with ``set_defaults(handler=run)``, where
+    ``run(settings: Settings, args: argparse.Namespace) -> int`` does the work and returns
+    the exit status. The CLI gives every added command the settings flags (``--config``,
+    ``--disable-plugin``, logging, and the flags of `reame_add_options`).
+    """

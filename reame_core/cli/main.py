@@ -1,7 +1,8 @@
-"""The `reame` command: run, serve, plugins.
+"""The `reame` command: run, serve, plugins, and the commands plugins add.
 
 Flags are turned into `Settings` overrides (flags win over env and the config file); the
-subcommands then start the same runtime the server uses.
+subcommands then start the same runtime the server uses. Plugins add flags for their own
+settings (hook `reame_add_options`) and whole commands (hook `reame_add_commands`).
 """
 
 from __future__ import annotations
@@ -16,23 +17,15 @@ from pydantic import ValidationError
 from reame_core.errors import ReameError
 from reame_core.logs import configure_logging
 from reame_core.models import DEFAULT_MODEL, is_model_name
+from reame_core.plugins import PluginHost
 from reame_core.settings import Settings
 
+PLUGIN_SETTING = "plugins."  # prefix of the `dest` of a flag that sets a plugin's setting
 
-def _engine_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("model and engine")
+
+def _settings_flags(parser: argparse.ArgumentParser, plugins: PluginHost | None) -> None:
+    group = parser.add_argument_group("settings")
     group.add_argument("--config", help="TOML settings file (also REAME_CONFIG)")
-    group.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
-    group.add_argument("--ctx", type=int, help="context length per sequence slot")
-    group.add_argument("--parallel", type=int, help="sequence slots decoded together")
-    group.add_argument("--batch", type=int, help="most tokens per decode step")
-    group.add_argument(
-        "--deterministic",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="bit-identical outputs whatever the batch or cache (default on; "
-        "--no-deterministic: unified KV + flash attention, faster, not repeatable)",
-    )
     group.add_argument(
         "--disable-plugin",
         action="append",
@@ -45,6 +38,24 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
         "--log-prompts", action="store_true", default=None, help="allow prompts in logs"
     )
     group.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    if plugins is not None:
+        plugins.hook.reame_add_options(parser=parser)
+
+
+def _engine_flags(parser: argparse.ArgumentParser, plugins: PluginHost | None) -> None:
+    group = parser.add_argument_group("model and engine")
+    group.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
+    group.add_argument("--ctx", type=int, help="context length per sequence slot")
+    group.add_argument("--parallel", type=int, help="sequence slots decoded together")
+    group.add_argument("--batch", type=int, help="most tokens per decode step")
+    group.add_argument(
+        "--deterministic",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="bit-identical outputs whatever the batch or cache (default on; "
+        "--no-deterministic: unified KV + flash attention, faster, not repeatable)",
+    )
+    _settings_flags(parser, plugins)
 
 
 def _sampling_flags(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +66,8 @@ def _sampling_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--system", help="system message")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(plugins: PluginHost | None = None) -> argparse.ArgumentParser:
+    """The `reame` parser; with `plugins`, also their flags and commands."""
     parser = argparse.ArgumentParser(
         prog="reame", description="LLM inference on cheap CPUs: never compute the same thing twice."
     )
@@ -70,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         "words", nargs="*", metavar="[MODEL] [PROMPT]", help=f"model (default {DEFAULT_MODEL})"
     )
     _sampling_flags(run)
-    _engine_flags(run)
+    _engine_flags(run, plugins)
 
     serve = commands.add_parser("serve", help="serve the OpenAI-compatible API")
     serve.add_argument("model", nargs="?", help=f"model (default {DEFAULT_MODEL})")
@@ -96,10 +108,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow this origin (repeatable; default: CORS off)",
     )
     serve.add_argument("--max-sessions", type=int, help="conversations whose KV stays pinned")
-    _engine_flags(serve)
+    _engine_flags(serve, plugins)
 
-    plugins = commands.add_parser("plugins", help="list plugins and the hooks they implement")
-    _engine_flags(plugins)
+    listing = commands.add_parser("plugins", help="list plugins and the hooks they implement")
+    _engine_flags(listing, plugins)
+    if plugins is not None:
+        builtin = set(commands.choices)
+        plugins.hook.reame_add_commands(commands=commands)
+        for name, command in commands.choices.items():
+            if name not in builtin:
+                _settings_flags(command, plugins)
     return parser
 
 
@@ -110,6 +128,12 @@ def settings_from(args: argparse.Namespace, **extra: Any) -> Settings:
         "max_queue", "max_body_bytes", "cors_origins", "max_sessions",
     )  # fmt: skip
     overrides = {name: getattr(args, name, None) for name in fields}
+    sections: dict[str, dict[str, Any]] = {}
+    for dest, value in vars(args).items():
+        if dest.startswith(PLUGIN_SETTING) and value is not None:
+            section, _, key = dest.removeprefix(PLUGIN_SETTING).partition(".")
+            sections.setdefault(section, {})[key] = value
+    overrides["plugins"] = sections or None
     overrides.update(extra)
     return Settings.load(getattr(args, "config", None), **overrides)
 
@@ -122,8 +146,13 @@ def split_model_and_prompt(words: Sequence[str]) -> tuple[str | None, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(PluginHost()).parse_args(argv)
     try:
+        handler = getattr(args, "handler", None)
+        if handler is not None:  # a command a plugin added
+            settings = settings_from(args)
+            configure_logging(json=settings.log_json, level=_quiet(settings))
+            return int(handler(settings, args))
         if args.command == "run":
             model, prompt = split_model_and_prompt(args.words)
             settings = settings_from(args, model=model)
