@@ -5,10 +5,10 @@ Reame's own features are plugins that implement these hooks (see
 through the ``reame`` entry-point group. A plugin is any module or object with
 functions named like the specs below, marked with ``reame_core.hookimpl``.
 
-Threading: every hook except the lifecycle ones runs on the engine thread, between two
-decode steps. Hooks must not block for long: each millisecond spent in a hook is a
-millisecond every running stream waits. Plugins that do I/O (a disk cache writing a
-snapshot) hand the work to their own thread.
+Threading: every hook except the lifecycle and command-line ones runs on the engine
+thread, between two decode steps. Hooks must not block for long: each millisecond spent in
+a hook is a millisecond every running stream waits. Plugins that do I/O (a disk cache
+writing a snapshot) hand the work to their own thread.
 
 The groups follow a request through the engine:
 
@@ -20,6 +20,7 @@ The groups follow a request through the engine:
     accounting  reame_drafts_verified, reame_tokens_committed
     selection   reame_select_candidates
     reporting   reame_describe, reame_collect_stats
+    command     reame_add_options, reame_add_commands
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    import argparse
+
     import numpy as np
 
     from reame_core.engine.sampler import TokenSampler
@@ -102,9 +105,16 @@ def reame_prefix_lookup(tokens: Sequence[int], reused: int, model: ModelInfo) ->
     """Offer a stored KV state for a prompt that would otherwise be prefilled.
 
     `reused` prompt tokens are already available from memory; return a hit only if it
-    covers more. The engine restores the state and, if the model allows trimming, cuts
-    it back to the shared length; a state whose tokens differ from the prompt's is a bug
-    in the plugin, so the hit's first `n_tokens` must equal ``tokens[:n_tokens]``.
+    covers more. The hit's first `n_tokens` must equal ``tokens[:n_tokens]`` (the engine
+    refuses a hit that does not). A state holding more tokens than those (a snapshot of a
+    longer prompt sharing `n_tokens` with this one) names all of them in `state_tokens`,
+    and the engine cuts it back after restoring it. Only models with
+    ``model.prefix_trim_safe`` can be cut back: for the others offer only states whose
+    tokens are all a prefix of the prompt and at most ``len(tokens) - 2`` long, since the
+    engine always computes the last two prompt tokens itself.
+
+    The engine waits for the answer: keep a miss cheap (no file reads), and read only the
+    state you return.
     """
 
 
@@ -112,13 +122,19 @@ def reame_prefix_lookup(tokens: Sequence[int], reused: int, model: ModelInfo) ->
 def reame_prefix_store_points(tokens: Sequence[int], model: ModelInfo) -> Iterable[int]:
     """Prompt lengths at which this plugin wants a KV snapshot of the prompt prefix.
 
-    The scheduler ends a prefill chunk at each point, then calls ``reame_prefix_store``.
+    The scheduler ends a prefill chunk at each point beyond the reused prefix, then calls
+    ``reame_prefix_store``. A point that would make a one-token chunk (one token past the
+    previous point, or one before the prompt's end) is skipped: a lone token is computed
+    along another kernel path. Each snapshot copies the state on the engine thread: name
+    only prefixes the plugin does not hold yet.
     """
 
 
 @hookspec
 def reame_prefix_store(tokens: Sequence[int], state: bytes, model: ModelInfo) -> None:
-    """A sequence's KV holds exactly `tokens`; `state` is its serialized state."""
+    """A sequence's KV holds exactly `tokens`, computed as prompt chunks; `state` is its
+    serialized state, the plugin's own copy. Compressing and writing it belongs on the
+    plugin's own thread."""
 
 
 # ----------------------------------------------------------------- drafting
@@ -200,3 +216,28 @@ def reame_describe() -> str:
 @hookspec
 def reame_collect_stats() -> Mapping[str, Mapping[str, Any]] | None:
     """Counters for metrics and the CLI, as ``{"group": {"counter": value}}``."""
+
+
+# ------------------------------------------------------------- command line
+
+
+@hookspec
+def reame_add_options(parser: argparse.ArgumentParser) -> None:
+    """Add flags for this plugin's settings to a `reame` command that loads settings.
+
+    A flag's ``dest`` names the setting it sets, as ``"plugins.<section>.<key>"``; a value
+    given on the command line lands in ``settings.plugins[section][key]``, over the
+    environment and the config file. Flags are parsed before the settings say which
+    plugins are disabled, so every installed plugin adds its flags.
+    """
+
+
+@hookspec
+def reame_add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `reame` subcommands with ``commands.add_parser(name, ...)``.
+
+    Each added parser sets ``handler`` with ``set_defaults(handler=run)``, where
+    ``run(settings: Settings, args: argparse.Namespace) -> int`` does the work and returns
+    the exit status. The CLI gives every added command the settings flags (``--config``,
+    ``--disable-plugin``, logging, and the flags of `reame_add_options`).
+    """

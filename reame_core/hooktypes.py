@@ -28,8 +28,9 @@ class ModelInfo:
     """Facts about the loaded model that callers and plugins may rely on.
 
     `fingerprint` changes whenever the bytes of a sequence's KV state would: file identity,
-    architecture, KV type and the context parameters that shape the state. A cache keyed on
-    it never serves one model's state to another.
+    architecture, KV type, the context parameters that shape the state (sequence slots, KV
+    layout, flash attention) and the llama.cpp build. A cache keyed on it never serves one
+    model's state to another.
     `prefix_trim_safe` is False for sliding-window, recurrent and hybrid models: their
     state cannot be cut back to a shorter prefix, only continued from its full length.
     """
@@ -106,11 +107,18 @@ class Verification:
 
 @dataclass(frozen=True)
 class PrefixHit:
-    """A stored KV state whose first `n_tokens` tokens equal the prompt's first ones."""
+    """A stored KV state whose first `n_tokens` tokens equal the prompt's first ones.
+
+    `state_tokens` are all the tokens the state holds, when it holds more than those
+    `n_tokens` (a snapshot of a longer prompt); None means exactly ``prompt[:n_tokens]``.
+    The engine cuts a longer state back to `n_tokens`, which only models with
+    `ModelInfo.prefix_trim_safe` allow.
+    """
 
     n_tokens: int
     state: bytes
     source: str
+    state_tokens: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -116,8 +116,13 @@ class TokenEvent:
 
 @dataclass
 class Usage:
+    """Token accounting of one request. `cached_tokens` were reused instead of computed:
+    `restored_tokens` of them came from a stored state (a prefix cache plugin), the rest
+    from KV already resident in a slot."""
+
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    restored_tokens: int = 0
     completion_tokens: int = 0
     prompt_ms: float = 0.0
     predicted_ms: float = 0.0

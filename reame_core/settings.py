@@ -151,7 +151,7 @@ class Settings(BaseSettings):
     def plugin_section(self, name: str, model: type[SectionT]) -> SectionT:
         """This plugin's own settings, validated by the plugin's model.
 
-        Auto-configured defaults (such as ``budget_bytes`` for a disk cache) fill the keys
+        Auto-configured defaults (such as ``budget`` for a disk cache) fill the keys
         the plugin's model declares and the settings leave unset; others are not offered,
         so a plugin opts in by declaring the field.
         """

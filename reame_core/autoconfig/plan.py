@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from pydantic import ByteSize, TypeAdapter
+
 from reame_core.autoconfig.facts import HostFacts
 from reame_core.models.shape import KVType, ModelShape
 from reame_core.settings import Settings
@@ -39,7 +41,7 @@ RUNTIME_RESERVE = 256 * MIB
 PREFIX_CACHE_SHARE, PREFIX_CACHE_CAP = 0.25, 10 * GIB
 ARCHIVE_SHARE, ARCHIVE_CAP = 0.05, 1 * GIB
 MIN_DISK_FOR_CACHES = 1 * GIB
-BUDGET_KEY = "budget_bytes"
+BUDGET_KEY = "budget"  # a plugin's disk budget setting: bytes, or a size such as "8GiB"
 
 
 @dataclass(frozen=True)
@@ -259,8 +261,9 @@ def _disk_budget(
     settings: Settings, facts: HostFacts, plugin: str, share: float, cap: int, share_name: str
 ) -> Choice[int]:
     explicit = settings.plugins.get(plugin, {}).get(BUDGET_KEY)
-    if isinstance(explicit, int):
-        return Choice(explicit, f"set in [plugins.{plugin}]", explicit=True)
+    if explicit is not None:
+        given = int(TypeAdapter(ByteSize).validate_python(explicit))
+        return Choice(given, f"set in [plugins.{plugin}]", explicit=True)
     free = facts.disk_free
     if free < MIN_DISK_FOR_CACHES:
         return Choice(0, f"only {size(free)} free in {facts.disk_path}: disk cache off")

@@ -254,11 +254,11 @@ class LlamaBackend:
             or llama_cpp.llama_model_is_hybrid(self._model)
         )
         eog = frozenset(t for t in range(self._n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t))
-        fingerprint = hashlib.sha256(
-            "/".join(
-                [file_digest(self.path), architecture, f"kv={kv_type}", settings_key, "state-v1"]
-            ).encode()
-        ).hexdigest()[:32]
+        # The build takes part: another llama.cpp version or CPU kernel set may lay out or
+        # compute the KV otherwise, and a restored state must equal a cold prefill's.
+        build = f"llama.cpp={llama_cpp.__version__}/{system_info()}"
+        parts = [file_digest(self.path), architecture, f"kv={kv_type}", settings_key, build]
+        fingerprint = hashlib.sha256("/".join([*parts, "state-v1"]).encode()).hexdigest()[:32]
         extra: dict[str, Any] = {
             "n_params": llama_cpp.llama_model_n_params(self._model),
             "size_bytes": llama_cpp.llama_model_size(self._model),

@@ -1,7 +1,9 @@
-"""The `reame` command: run, serve, pull, ls, rm, config, plugins.
+"""The `reame` command: run, serve, pull, ls, rm, config, plugins, speculation, and the
+commands plugins add.
 
 Flags are turned into `Settings` overrides (flags win over env and the config file); the
-subcommands then start the same runtime the server uses.
+subcommands then start the same runtime the server uses. Plugins add flags for their own
+settings (hook `reame_add_options`) and whole commands (hook `reame_add_commands`).
 """
 
 from __future__ import annotations
@@ -17,12 +19,34 @@ from rich.console import Console
 from reame_core.errors import ReameError
 from reame_core.logs import configure_logging
 from reame_core.models import DEFAULT_MODEL, looks_like_model_name
+from reame_core.plugins import PluginHost
 from reame_core.settings import Settings
 
+PLUGIN_SETTING = "plugins."  # prefix of the `dest` of a flag that sets a plugin's setting
 
-def _engine_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("model and engine")
+
+def _settings_flags(parser: argparse.ArgumentParser, plugins: PluginHost | None) -> None:
+    group = parser.add_argument_group("settings")
     group.add_argument("--config", help="TOML settings file (also REAME_CONFIG)")
+    group.add_argument("--cache-dir", help="Reame's own files (default: ~/.cache/reame)")
+    group.add_argument(
+        "--disable-plugin",
+        action="append",
+        dest="disable_plugins",
+        metavar="NAME",
+        help="do not load this plugin (repeatable)",
+    )
+    group.add_argument("--log-json", action="store_true", default=None, help="JSON log lines")
+    group.add_argument(
+        "--log-prompts", action="store_true", default=None, help="allow prompts in logs"
+    )
+    group.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    if plugins is not None:
+        plugins.hook.reame_add_options(parser=parser)
+
+
+def _engine_flags(parser: argparse.ArgumentParser, plugins: PluginHost | None) -> None:
+    group = parser.add_argument_group("model and engine")
     group.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
     group.add_argument(
         "--ctx", type=int, help="context length per sequence slot (default: from free RAM)"
@@ -35,7 +59,6 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
         choices=["f16", "q8_0"],
         help="KV cache type (default: f16, q8_0 when RAM is tight)",
     )
-    group.add_argument("--cache-dir", help="Reame's own files (default: ~/.cache/reame)")
     group.add_argument("--batch", type=int, help="most tokens per decode step")
     group.add_argument(
         "--deterministic",
@@ -43,13 +66,6 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="bit-identical outputs whatever the batch or cache (default on; "
         "--no-deterministic: unified KV + flash attention, faster, not repeatable)",
-    )
-    group.add_argument(
-        "--disable-plugin",
-        action="append",
-        dest="disable_plugins",
-        metavar="NAME",
-        help="do not load this plugin (repeatable)",
     )
     group.add_argument(
         "--speculate",
@@ -61,11 +77,7 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
         "--draft-model",
         help="smaller model of the same vocabulary that drafts (auto: the alias's partner)",
     )
-    group.add_argument("--log-json", action="store_true", default=None, help="JSON log lines")
-    group.add_argument(
-        "--log-prompts", action="store_true", default=None, help="allow prompts in logs"
-    )
-    group.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    _settings_flags(parser, plugins)
 
 
 def _sampling_flags(parser: argparse.ArgumentParser) -> None:
@@ -76,7 +88,8 @@ def _sampling_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--system", help="system message")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(plugins: PluginHost | None = None) -> argparse.ArgumentParser:
+    """The `reame` parser; with `plugins`, also their flags and commands."""
     parser = argparse.ArgumentParser(
         prog="reame", description="LLM inference on cheap CPUs: never compute the same thing twice."
     )
@@ -96,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the configuration this run would use, and why, then exit",
     )
     _sampling_flags(run)
-    _engine_flags(run)
+    _engine_flags(run, plugins)
 
     serve = commands.add_parser("serve", help="serve the OpenAI-compatible API")
     serve.add_argument("model", nargs="?", help=f"model (default {DEFAULT_MODEL})")
@@ -122,32 +135,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow this origin (repeatable; default: CORS off)",
     )
     serve.add_argument("--max-sessions", type=int, help="conversations whose KV stays pinned")
-    _engine_flags(serve)
+    _engine_flags(serve, plugins)
 
     pull = commands.add_parser(
         "pull", help="download a model (or check it is current)", description=_MODEL_NAMES
     )
     pull.add_argument("model", metavar="MODEL")
-    _engine_flags(pull)
+    _settings_flags(pull, plugins)
 
     ls = commands.add_parser("ls", help="list downloaded models")
     ls.add_argument(
         "--all", action="store_true", dest="include_available", help="also list known aliases"
     )
-    _engine_flags(ls)
+    _settings_flags(ls, plugins)
 
     rm = commands.add_parser("rm", help="delete a downloaded model", description=_MODEL_NAMES)
     rm.add_argument("model", metavar="MODEL")
-    _engine_flags(rm)
+    _settings_flags(rm, plugins)
 
     config = commands.add_parser(
         "config", help="show the configuration Reame picks for this host, and why"
     )
     config.add_argument("model", nargs="?", help=f"model (default {DEFAULT_MODEL})")
-    _engine_flags(config)
+    _engine_flags(config, plugins)
 
-    plugins = commands.add_parser("plugins", help="list plugins and the hooks they implement")
-    _engine_flags(plugins)
+    listing = commands.add_parser("plugins", help="list plugins and the hooks they implement")
+    _engine_flags(listing, plugins)
 
     speculation = commands.add_parser(
         "speculation", help="what a running server's speculation governor decided, per source"
@@ -156,6 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--url", default="http://127.0.0.1:8080", help="the server (default %(default)s)"
     )
     speculation.add_argument("--api-key", help="bearer key, if the server wants one")
+    if plugins is not None:
+        builtin = set(commands.choices)
+        plugins.hook.reame_add_commands(commands=commands)
+        for name, command in commands.choices.items():
+            if name not in builtin:
+                _settings_flags(command, plugins)
     return parser
 
 
@@ -175,6 +194,12 @@ def settings_from(args: argparse.Namespace, **extra: Any) -> Settings:
         "draft_max", "draft_model",
     )  # fmt: skip
     overrides = {name: getattr(args, name, None) for name in fields}
+    sections: dict[str, dict[str, Any]] = {}
+    for dest, value in vars(args).items():
+        if dest.startswith(PLUGIN_SETTING) and value is not None:
+            section, _, key = dest.removeprefix(PLUGIN_SETTING).partition(".")
+            sections.setdefault(section, {})[key] = value
+    overrides["plugins"] = sections or None
     overrides.update(extra)
     return Settings.load(getattr(args, "config", None), **overrides)
 
@@ -187,8 +212,13 @@ def split_model_and_prompt(words: Sequence[str]) -> tuple[str | None, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(PluginHost()).parse_args(argv)
     try:
+        handler = getattr(args, "handler", None)
+        if handler is not None:  # a command a plugin added
+            settings = settings_from(args)
+            configure_logging(json=settings.log_json, level=_quiet(settings))
+            return int(handler(settings, args))
         if args.command == "run":
             model, prompt = split_model_and_prompt(args.words)
             settings = settings_from(args, model=model)

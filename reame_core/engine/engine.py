@@ -28,7 +28,7 @@ from reame_core.backend.base import Backend, Batch, DecodeError
 from reame_core.engine.governor import Governor, Mode
 from reame_core.engine.sampler import TokenSampler
 from reame_core.engine.sequence import Phase, RequestGroup, Sequence
-from reame_core.engine.slots import KVSlots, Slot
+from reame_core.engine.slots import KVSlots, Slot, common_prefix
 from reame_core.errors import ContextOverflowError, RequestError
 from reame_core.hooktypes import CandidateView, DraftProposal, DraftRequest, Verification
 from reame_core.plugins import PluginHost
@@ -396,6 +396,7 @@ class Engine:
         restored = self._restore_prefix(slot, prompt, reused, limit)
         group.usage.prompt_tokens = len(prompt)
         group.usage.cached_tokens = len(slot.tokens)
+        group.usage.restored_tokens = len(slot.tokens) if restored else 0
         self.stats.prompt_tokens += len(prompt)
         self.stats.reused_tokens += 0 if restored else reused
         self.stats.restored_tokens += len(slot.tokens) if restored else 0
@@ -413,7 +414,13 @@ class Engine:
         hit = self.hook.reame_prefix_lookup(tokens=prompt, reused=reused, model=self.info)
         if hit is None or hit.n_tokens <= reused or hit.n_tokens > len(prompt):
             return False
-        if not self.slots.restore(slot, hit.state, prompt[: hit.n_tokens]):
+        held = prompt[: hit.n_tokens] if hit.state_tokens is None else hit.state_tokens
+        if common_prefix(held, prompt) < hit.n_tokens or (
+            len(held) > hit.n_tokens and not self.info.prefix_trim_safe
+        ):
+            log.error("stored prefix does not match the prompt; not restored", source=hit.source)
+            return False
+        if not self.slots.restore(slot, hit.state, held):
             log.warning("stored prefix was refused by the model", source=hit.source)
             return False
         self.slots.truncate(slot, min(hit.n_tokens, limit))

@@ -23,12 +23,15 @@ def usage_body(usage: Usage) -> dict[str, Any]:
 
 
 def timings_body(usage: Usage) -> dict[str, Any]:
-    """What the server computed and what it saved, as llama-server names it (+ cached_n)."""
+    """What the server computed and what it saved, as llama-server names it (+ cached_n,
+    and restored_n: the part of cached_n restored from a stored state rather than found
+    resident in a slot)."""
     computed = usage.computed_prompt_tokens
     body: dict[str, Any] = {
         "prompt_n": computed,
         "prompt_ms": round(usage.prompt_ms, 3),
         "cached_n": usage.cached_tokens,
+        "restored_n": usage.restored_tokens,
         "predicted_n": usage.completion_tokens,
         "predicted_ms": round(usage.predicted_ms, 3),
         "prompt_per_second": _rate(computed, usage.prompt_ms),
@@ -53,6 +56,7 @@ def merge_usage(usages: Sequence[Usage]) -> Usage:
     for usage in usages:
         total.prompt_tokens += usage.prompt_tokens
         total.cached_tokens += usage.cached_tokens
+        total.restored_tokens += usage.restored_tokens
         total.completion_tokens += usage.completion_tokens
         total.prompt_ms += usage.prompt_ms
         total.predicted_ms = max(total.predicted_ms, usage.predicted_ms)

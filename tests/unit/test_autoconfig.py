@@ -205,11 +205,11 @@ def test_disk_caches_are_off_on_a_nearly_full_disk() -> None:
 
 
 def test_an_explicit_disk_budget_wins() -> None:
-    result = plan(SERVER_16, SMOLLM2, plugins={"diskkv": {"budget_bytes": 123 * MIB}})
+    result = plan(SERVER_16, SMOLLM2, plugins={"diskkv": {"budget": 123 * MIB}})
 
     assert result.prefix_cache_bytes.value == 123 * MIB
     assert result.prefix_cache_bytes.explicit
-    assert result.plugin_defaults()["diskkv"] == {"budget_bytes": 123 * MIB}
+    assert result.plugin_defaults()["diskkv"] == {"budget": 123 * MIB}
 
 
 @pytest.mark.parametrize(

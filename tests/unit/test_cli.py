@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 from collections.abc import Iterator
 from typing import TextIO
@@ -13,6 +14,7 @@ from reame_core.backend.fake import FakeBackend
 from reame_core.cli import main as cli_main
 from reame_core.cli import run as cli_run
 from reame_core.cli.plugins import plugins_command
+from reame_core.hookspecs import hookimpl
 from reame_core.plugins import PluginHost
 from reame_core.request import SamplingParams
 from reame_core.runtime import Runtime, start_runtime
@@ -118,6 +120,63 @@ def test_flags_win_over_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = cli_main.settings_from(args, model=None)
     assert settings.parallel == 6
     assert settings.ctx == 512
+
+
+class Painter:
+    """A plugin with a setting of its own (a flag) and a command of its own."""
+
+    def __init__(self) -> None:
+        self.painted: list[Settings] = []
+
+    @hookimpl
+    def reame_add_options(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--colour", dest="plugins.painter.colour")
+
+    @hookimpl
+    def reame_add_commands(
+        self, commands: argparse._SubParsersAction[argparse.ArgumentParser]
+    ) -> None:
+        paint = commands.add_parser("paint")
+        paint.set_defaults(handler=self.paint)
+
+    def paint(self, settings: Settings, args: argparse.Namespace) -> int:
+        self.painted.append(settings)
+        return 3
+
+
+@pytest.fixture
+def painter() -> Painter:
+    return Painter()
+
+
+@pytest.fixture
+def painter_host(painter: Painter, monkeypatch: pytest.MonkeyPatch) -> PluginHost:
+    host = PluginHost(discover=False)
+    host.register(painter, "painter")
+    monkeypatch.setattr(cli_main, "PluginHost", lambda: host)
+    return host
+
+
+def test_plugin_flag_sets_the_plugin_setting_over_the_environment(
+    painter_host: PluginHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REAME_PLUGINS__PAINTER__COLOUR", "blue")
+    monkeypatch.setenv("REAME_PLUGINS__PAINTER__BRUSH", "wide")
+    args = cli_main.build_parser(painter_host).parse_args(["serve", "--colour", "red"])
+
+    settings = cli_main.settings_from(args, model=None)
+
+    assert settings.plugins["painter"] == {"colour": "red", "brush": "wide"}
+
+
+def test_plugin_command_runs_with_settings_and_plugin_flags(
+    painter: Painter, painter_host: PluginHost
+) -> None:
+    status = cli_main.main(["paint", "--colour", "green", "--log-level", "error"])
+
+    assert status == 3
+    assert painter.painted[0].plugins["painter"] == {"colour": "green"}
+    assert painter.painted[0].log_level == "error"
 
 
 def test_repl_keeps_the_conversation_and_reuses_its_kv(fake_runtime: list[Runtime]) -> None:

@@ -333,9 +333,92 @@ def test_restored_prefix_generates_identical_tokens(
     again = restarted.generate(request(prompt, max_tokens=20))
 
     assert again.candidates[0].tokens == first.candidates[0].tokens
-    assert again.usage.cached_tokens == stored_lengths[-1]
+    assert again.usage.cached_tokens == again.usage.restored_tokens == stored_lengths[-1]
     assert restarted.stats.restored_tokens == stored_lengths[-1]
     assert restarted.stats.prefill_tokens == len(prompt) - stored_lengths[-1]
+
+
+def fake_state(tokens: Sequence[int]) -> bytes:
+    """The serialized state of a fake sequence whose KV holds `tokens`."""
+    backend = FakeBackend()
+    backend.kv[0] = list(tokens)
+    return backend.get_seq_state(0)
+
+
+class LongerStateStore:
+    """Serves the state of a longer prompt that shares only its beginning with the next one."""
+
+    def __init__(self, state: bytes, tokens: Sequence[int]) -> None:
+        self.state = state
+        self.tokens = tuple(tokens)
+
+    @hookimpl
+    def reame_prefix_lookup(
+        self, tokens: Sequence[int], reused: int, model: ModelInfo
+    ) -> PrefixHit | None:
+        shared = 0
+        while shared < min(len(tokens), len(self.tokens)) and tokens[shared] == self.tokens[shared]:
+            shared += 1
+        return PrefixHit(shared, self.state, "longer", state_tokens=self.tokens)
+
+
+def test_longer_stored_state_is_cut_back_to_the_shared_prefix(
+    make_engine: MakeEngine, tokenize: Tokenize, greedy_reference: Reference
+) -> None:
+    stored = tokenize("Shared instructions, then question one")
+    state = fake_state(stored)
+    host = PluginHost(discover=False)
+    host.register(LongerStateStore(state, stored), "longer")
+    engine = make_engine(plugins=host)
+    prompt = tokenize("Shared instructions, then question two")
+    shared = len(tokenize("Shared instructions, then question "))
+
+    result = engine.generate(request(prompt, max_tokens=12))
+
+    assert list(result.candidates[0].tokens) == greedy_reference(fake(engine), prompt, 12)
+    assert result.usage.cached_tokens == result.usage.restored_tokens == shared
+    assert engine.stats.prefill_tokens == len(prompt) - shared
+
+
+def test_longer_stored_state_is_not_restored_on_a_model_that_cannot_be_cut_back(
+    make_engine: MakeEngine, tokenize: Tokenize, greedy_reference: Reference
+) -> None:
+    stored = tokenize("Shared instructions, then question one")
+    state = fake_state(stored)
+    host = PluginHost(discover=False)
+    host.register(LongerStateStore(state, stored), "longer")
+    engine = make_engine(plugins=host, prefix_trim_safe=False)
+    prompt = tokenize("Shared instructions, then question two")
+
+    result = engine.generate(request(prompt, max_tokens=12))
+
+    assert list(result.candidates[0].tokens) == greedy_reference(fake(engine), prompt, 12)
+    assert result.usage.cached_tokens == result.usage.restored_tokens == 0
+
+
+class MismatchedPrefixStore:
+    """Claims a shared prefix its state's tokens do not have (a plugin bug)."""
+
+    @hookimpl
+    def reame_prefix_lookup(
+        self, tokens: Sequence[int], reused: int, model: ModelInfo
+    ) -> PrefixHit | None:
+        other = [tokens[0], *(t ^ 1 for t in tokens[1:])]
+        return PrefixHit(len(tokens) - 2, fake_state(other), "mismatched", tuple(other))
+
+
+def test_stored_state_whose_tokens_differ_from_the_prompt_is_refused(
+    make_engine: MakeEngine, tokenize: Tokenize, greedy_reference: Reference
+) -> None:
+    host = PluginHost(discover=False)
+    host.register(MismatchedPrefixStore(), "mismatched")
+    engine = make_engine(plugins=host)
+    prompt = tokenize("Nothing here was stored")
+
+    result = engine.generate(request(prompt, max_tokens=8))
+
+    assert list(result.candidates[0].tokens) == greedy_reference(fake(engine), prompt, 8)
+    assert result.usage.cached_tokens == 0
 
 
 class CorruptPrefixStore:

@@ -156,26 +156,26 @@ def test_out_of_range_value_raises_a_validation_error(monkeypatch: pytest.Monkey
 class BudgetOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    budget_bytes: int = 0
+    budget: int = 0
 
 
 def test_auto_defaults_fill_the_plugin_fields_left_unset() -> None:
-    settings = Settings.load().with_plugin_defaults({"diskkv": {"budget_bytes": 5 << 30}})
+    settings = Settings.load().with_plugin_defaults({"diskkv": {"budget": 5 << 30}})
 
-    assert settings.plugin_section("diskkv", BudgetOptions).budget_bytes == 5 << 30
+    assert settings.plugin_section("diskkv", BudgetOptions).budget == 5 << 30
 
 
 def test_an_explicit_plugin_value_wins_over_the_auto_default(config: Path) -> None:
-    config.write_text("[plugins.diskkv]\nbudget_bytes = 1024\n")
+    config.write_text("[plugins.diskkv]\nbudget = 1024\n")
     settings = Settings.load(config_file=config)
 
-    auto = settings.with_plugin_defaults({"diskkv": {"budget_bytes": 5 << 30}})
+    auto = settings.with_plugin_defaults({"diskkv": {"budget": 5 << 30}})
 
-    assert auto.plugin_section("diskkv", BudgetOptions).budget_bytes == 1024
+    assert auto.plugin_section("diskkv", BudgetOptions).budget == 1024
 
 
 def test_auto_defaults_are_offered_only_to_plugins_that_declare_the_field() -> None:
-    settings = Settings.load().with_plugin_defaults({"diskkv": {"budget_bytes": 5 << 30}})
+    settings = Settings.load().with_plugin_defaults({"diskkv": {"budget": 5 << 30}})
 
     assert settings.plugin_section("diskkv", DiskOptions) == DiskOptions()
 

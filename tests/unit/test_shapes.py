@@ -25,6 +25,12 @@ def test_usage_reports_cached_tokens_and_timings_the_computed_ones() -> None:
     assert "draft_n" not in timings
 
 
+def test_timings_tell_restored_tokens_from_the_other_cached_ones() -> None:
+    usage = Usage(prompt_tokens=100, cached_tokens=80, restored_tokens=64)
+    timings = timings_body(usage)
+    assert (timings["prompt_n"], timings["cached_n"], timings["restored_n"]) == (20, 80, 64)
+
+
 def test_timings_show_drafts_per_source_once_speculation_ran() -> None:
     usage = Usage(draft_proposed={"lookup": 10}, draft_accepted={"lookup": 7})
     timings = timings_body(usage)

@@ -1,32 +1,204 @@
-"""The `diskkv` plugin's hook implementations.
+"""The `diskkv` plugin: the engine's prefill hooks over a `DiskStore` and its writer thread.
 
-This release registers the plugin and validates its ``[plugins.diskkv]`` settings
-section; the feature itself (disk prefix cache)
-is not active yet, and the plugin says so rather than claiming it.
+On the engine thread: `reame_prefix_lookup` searches the index and, on a hit, reads and
+checks one entry (the engine waits for the state, so a miss costs only index queries);
+`reame_prefix_store_points` names the prefixes the policy wants and the directory lacks;
+`reame_prefix_store` queues the state for the writer thread. Everything that writes to
+disk happens on that thread.
+
+Models whose KV cannot be cut back (sliding-window, recurrent, hybrid: `prefix_trim_safe`
+is False) are served only entries whose tokens are all a prefix of the prompt.
+
+If the directory cannot be used at start, the plugin says so once and does nothing: the
+server serves without the disk cache.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+import argparse
+import sqlite3
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import structlog
 
 from reame_core.hookspecs import hookimpl
-from reame_core.hooktypes import ModelInfo
+from reame_core.hooktypes import ModelInfo, PrefixHit
 from reame_core.settings import Settings
+from reame_diskkv import cli
+from reame_diskkv.entry_format import codec_for
+from reame_diskkv.policy import SnapshotPolicy
+from reame_diskkv.settings import NAME, DiskKVSettings
+from reame_diskkv.store import CacheCounters, DiskStore, Snapshot
+from reame_diskkv.writer import SnapshotWriter
 
-NAME = "diskkv"
+log = structlog.get_logger(__name__)
+
+# The engine thread's store only reads, and deletes the rows of broken entries: it must
+# never wait long for another process's write lock.
+READER_BUSY_TIMEOUT_S = 0.25
 
 
-class DiskKVSettings(BaseModel):
-    """Options of the `diskkv` plugin (none yet; unknown keys are refused)."""
+class DiskPrefixCache:
+    """See the module docstring. One instance serves one runtime at a time."""
 
-    model_config = ConfigDict(extra="forbid")
+    def __init__(self) -> None:
+        self._reader: DiskStore | None = None
+        self._writer: SnapshotWriter | None = None
+        self._policy = SnapshotPolicy()
+        self._lookup_failed = False
+        # Kept across restarts of the engine: the engine thread adds to the first, the
+        # writer thread to the second.
+        self._read_counters = CacheCounters()
+        self._write_counters = CacheCounters()
+
+    # ------------------------------------------------------------ command line
+
+    @hookimpl
+    def reame_add_options(self, parser: argparse.ArgumentParser) -> None:
+        cli.add_options(parser)
+
+    @hookimpl
+    def reame_add_commands(self, commands: argparse._SubParsersAction[Any]) -> None:
+        cli.add_cache_command(commands)
+
+    # ---------------------------------------------------------------- lifecycle
+
+    @hookimpl
+    def reame_configure(self, settings: Settings, model: ModelInfo) -> None:
+        section = settings.plugin_section(NAME, DiskKVSettings)
+        self.reame_shutdown()
+        self._policy = SnapshotPolicy(section.turns, section.block_tokens, section.min_tokens)
+        directory = section.directory()
+        try:
+            # The writer's store first: it creates the index, which may wait for the lock.
+            writing = DiskStore(directory, counters=self._write_counters)
+            try:
+                reading = DiskStore(
+                    directory,
+                    counters=self._read_counters,
+                    busy_timeout_s=READER_BUSY_TIMEOUT_S,
+                )
+            except BaseException:
+                writing.close()
+                raise
+            budget = section.budget_bytes(held=writing.total_size())
+        except (OSError, sqlite3.Error) as error:
+            log.warning(
+                "disk prefix cache off: its directory cannot be used; serving without it",
+                directory=str(directory),
+                error=f"{type(error).__name__}: {error}",
+            )
+            return
+        self._reader = reading
+        self._writer = SnapshotWriter(writing, budget=budget, level=section.compression_level)
+        log.info(
+            "disk prefix cache ready",
+            directory=str(reading.directory),
+            budget_bytes=budget,
+            exact_prefixes_only=not model.prefix_trim_safe,
+        )
+
+    def flush(self, timeout_s: float = 120.0) -> bool:
+        """Wait until the snapshots queued so far are on disk (benchmarks, tests, embedding
+        applications that exit right after a request); False on timeout."""
+        return self._writer.flush(timeout_s) if self._writer is not None else True
+
+    @hookimpl
+    def reame_shutdown(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    # ------------------------------------------------------------------ prefill
+
+    @hookimpl
+    def reame_prefix_lookup(
+        self, tokens: Sequence[int], reused: int, model: ModelInfo
+    ) -> PrefixHit | None:
+        reader = self._reader
+        if reader is None or len(tokens) < self._policy.min_tokens:
+            return None
+        counters = self._read_counters
+        longest = len(tokens) - 2  # the engine computes the last two tokens itself
+        try:
+            found = reader.find(
+                model.fingerprint,
+                tokens,
+                whole_within=None if model.prefix_trim_safe else longest,
+            )
+        except sqlite3.Error as error:
+            self._say_lookup_failed(error)
+            return None
+        shared = min(found.shared, longest) if found else 0
+        if found is None or not self._policy.worth_restoring(shared, len(found.tokens), reused):
+            counters.misses += 1
+            return None
+        state = reader.load(found, model.fingerprint)
+        if state is None:
+            counters.misses += 1
+            return None
+        counters.hits += 1
+        counters.restored_tokens += shared
+        if self._writer is not None:
+            self._writer.touch(found.key)
+        longer = len(found.tokens) > shared
+        return PrefixHit(shared, state, NAME, found.tokens if longer else None)
+
+    @hookimpl
+    def reame_prefix_store_points(self, tokens: Sequence[int], model: ModelInfo) -> Iterable[int]:
+        reader, writer = self._reader, self._writer
+        if reader is None or writer is None or writer.paused:
+            return []
+        points = self._policy.points(tokens, model.eog)
+        if not points:
+            return []
+        try:
+            if model.prefix_trim_safe:
+                # Any entry sharing at least a point's tokens serves it by trimming.
+                found = reader.find(model.fingerprint, tokens, whole_within=None)
+                covered = found.shared if found else 0
+                return [point for point in points if point > covered]
+            return [p for p in points if not reader.holds(model.fingerprint, tokens[:p])]
+        except sqlite3.Error as error:
+            self._say_lookup_failed(error)
+            return []
+
+    @hookimpl
+    def reame_prefix_store(self, tokens: Sequence[int], state: bytes, model: ModelInfo) -> None:
+        if self._writer is None:
+            return
+        snapshot = Snapshot(
+            model.fingerprint, model.name, tuple(tokens), state, codec_for(model.kv_type)
+        )
+        if not self._writer.submit(snapshot):
+            self._read_counters.snapshots_dropped += 1
+
+    def _say_lookup_failed(self, error: sqlite3.Error) -> None:
+        if not self._lookup_failed:
+            self._lookup_failed = True
+            log.warning("disk prefix cache: index lookup failed", error=str(error))
+
+    # ---------------------------------------------------------------- reporting
+
+    @hookimpl
+    def reame_describe(self) -> str:
+        return "disk prefix cache: shared prompt prefixes restored from disk (reame cache stats)"
+
+    @hookimpl
+    def reame_collect_stats(self) -> Mapping[str, Mapping[str, Any]] | None:
+        stats: dict[str, Any] = (self._read_counters + self._write_counters).as_dict()
+        writer = self._writer
+        if writer is not None:
+            stats.update(
+                entries=writer.held_entries,
+                bytes_on_disk=writer.held_bytes,
+                budget_bytes=writer.budget,
+            )
+        return {NAME: stats}
 
 
-@hookimpl
-def reame_configure(settings: Settings, model: ModelInfo) -> None:
-    settings.plugin_section(NAME, DiskKVSettings)
-
-
-@hookimpl
-def reame_describe() -> str:
-    return "disk prefix cache: not active in this release"
+plugin = DiskPrefixCache()

@@ -1,0 +1,46 @@
+"""Which prefixes of a prompt are worth keeping on disk, and which hits worth reading.
+
+Chat prompts are snapshot at the end of their first `turns` turns (the prefix through an
+end-of-turn token; a system prompt is the first turn): that is what many requests share.
+Prompts without chat turns (completions over a long shared document header) are snapshot
+at their last multiple of `block_tokens`. Prefixes shorter than `min_tokens` are not
+stored: computing them costs little more than reading them back. A snapshot never covers
+the prompt's last two tokens, which the engine always computes.
+
+A stored prefix is read back only if it saves enough: reading and decompressing costs
+time in proportion to the tokens read, so it must save at least 1/`RESTORE_RATIO` of them,
+and at least `MIN_SAVED` tokens, beyond what the slots already hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+MIN_SAVED = 16
+RESTORE_RATIO = 32
+
+
+@dataclass(frozen=True)
+class SnapshotPolicy:
+    turns: int = 1
+    block_tokens: int = 256
+    min_tokens: int = 128
+
+    def points(self, tokens: Sequence[int], end_of_turn: Collection[int]) -> list[int]:
+        """Prompt lengths to snapshot `tokens` at, ascending."""
+        last = len(tokens) - 2
+        turn_ends = [i + 1 for i, token in enumerate(tokens) if token in end_of_turn]
+        if turn_ends:  # a chat prompt
+            points = turn_ends[: self.turns]
+        elif self.block_tokens:
+            points = [last // self.block_tokens * self.block_tokens]
+        else:
+            points = []
+        return [point for point in points if self.min_tokens <= point <= last]
+
+    def worth_restoring(self, shared: int, stored: int, reused: int) -> bool:
+        """Whether reading a `stored`-token entry to reuse `shared` tokens beats
+        computing them, when the slots already hold `reused`."""
+        saved = shared - reused
+        return shared >= self.min_tokens and saved >= max(MIN_SAVED, stored // RESTORE_RATIO)

@@ -1,0 +1,58 @@
+"""Where prompts are snapshot, and when a stored prefix is worth reading back."""
+
+from __future__ import annotations
+
+from reame_diskkv.policy import SnapshotPolicy
+
+END = 9  # the end-of-turn token in these prompts
+EOT = frozenset({END})
+
+
+def chat(*turn_lengths: int, tail: int = 5) -> list[int]:
+    """A prompt of turns (each closed by END) and an open assistant turn of `tail` tokens."""
+    tokens: list[int] = []
+    for length in turn_lengths:
+        tokens += [1] * (length - 1) + [END]
+    return tokens + [2] * tail
+
+
+def test_chat_prompt_is_snapshot_at_the_end_of_its_system_prompt() -> None:
+    assert SnapshotPolicy(turns=1, min_tokens=64).points(chat(300, 40), EOT) == [300]
+
+
+def test_more_turns_give_more_points() -> None:
+    assert SnapshotPolicy(turns=2, min_tokens=64).points(chat(300, 40), EOT) == [300, 340]
+
+
+def test_turn_shorter_than_the_minimum_is_not_stored() -> None:
+    assert SnapshotPolicy(turns=2, min_tokens=128).points(chat(100, 60), EOT) == [160]
+
+
+def test_prompt_without_turns_is_snapshot_at_its_last_block_boundary() -> None:
+    policy = SnapshotPolicy(block_tokens=256, min_tokens=64)
+
+    assert policy.points([1] * 700, EOT) == [512]
+
+
+def test_block_boundary_never_covers_the_last_two_tokens() -> None:
+    policy = SnapshotPolicy(block_tokens=256, min_tokens=64)
+
+    assert policy.points([1] * 513, EOT) == [256]
+    assert policy.points([1] * 514, EOT) == [512]
+
+
+def test_turn_ending_in_the_last_two_tokens_is_not_a_point() -> None:
+    assert SnapshotPolicy(turns=1, min_tokens=64).points(chat(300, tail=1), EOT) == []
+
+
+def test_no_points_when_turns_and_blocks_are_off() -> None:
+    assert SnapshotPolicy(turns=0, block_tokens=0).points(chat(300, 40), EOT) == []
+
+
+def test_restore_must_save_enough_beyond_what_the_slots_hold() -> None:
+    policy = SnapshotPolicy(min_tokens=128)
+
+    assert policy.worth_restoring(shared=2000, stored=2000, reused=0)
+    assert not policy.worth_restoring(shared=2000, stored=2000, reused=1990)
+    assert not policy.worth_restoring(shared=100, stored=3000, reused=0)
+    assert not policy.worth_restoring(shared=140, stored=8000, reused=0)

@@ -1,0 +1,302 @@
+"""The cache directory under crashes, races between processes, damage and a budget."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from diskkv_testing import entry_files, temp_files
+
+from reame_diskkv import store as store_module
+from reame_diskkv.entry_format import Codec, verify
+from reame_diskkv.index import entry_key
+from reame_diskkv.store import DiskStore, Snapshot
+
+FINGERPRINT = "f" * 16
+UNLIMITED = 1 << 40
+
+
+def snapshot(seed: int, n_tokens: int = 200, state_bytes: int = 4096) -> Snapshot:
+    rng = np.random.default_rng(seed)
+    tokens = tuple(int(t) for t in rng.integers(0, 50_000, n_tokens))
+    state = rng.standard_normal(state_bytes // 2).astype(np.float16).tobytes()
+    return Snapshot(FINGERPRINT, "model", tokens, state, Codec.ZSTD_BYTE_PLANES)
+
+
+@pytest.fixture
+def store(cache_dir: Path) -> Iterator[DiskStore]:
+    opened = DiskStore(cache_dir)
+    yield opened
+    opened.close()
+
+
+def load(store: DiskStore, item: Snapshot) -> bytes | None:
+    found = store.find(FINGERPRINT, item.tokens, whole_within=None)
+    assert found is not None and found.shared == len(item.tokens)
+    return store.load(found, FINGERPRINT)
+
+
+# ------------------------------------------------------------------ sharing
+
+
+def test_entry_written_by_one_store_is_loaded_by_another(store: DiskStore, cache_dir: Path) -> None:
+    item = snapshot(1)
+    store.write(item, max_size=UNLIMITED)
+    other = DiskStore(cache_dir)
+
+    assert load(other, item) == item.state
+    other.close()
+
+
+def test_racing_writers_of_one_prefix_leave_one_entry(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stores = [DiskStore(cache_dir), DiskStore(cache_dir)]
+    # Both writers finish their temporary file before either takes the lock.
+    both_written = threading.Barrier(2)
+    write_synced = store_module._write_synced
+
+    def write_then_wait(path: Path, data: bytes) -> None:
+        write_synced(path, data)
+        both_written.wait(timeout=10)
+
+    monkeypatch.setattr(store_module, "_write_synced", write_then_wait)
+    item = snapshot(2)
+    written: list[int] = []
+    threads = [
+        threading.Thread(target=lambda s=s: written.append(s.write(item, max_size=UNLIMITED)))
+        for s in stores
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert sorted(written)[0] == 0 and sorted(written)[1] > 0
+    assert len(entry_files(cache_dir)) == 1 and temp_files(cache_dir) == []
+    assert stores[0].count() == 1 and load(stores[1], item) == item.state
+
+
+WRITE_SAME_PREFIX = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from test_store import snapshot, UNLIMITED
+from reame_diskkv.store import DiskStore
+root, ready, go = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+store = DiskStore(root)
+item = snapshot(3, n_tokens=2000, state_bytes=8 << 20)
+ready.touch()
+while not go.exists():
+    time.sleep(0.001)
+print(store.write(item, max_size=UNLIMITED))
+"""
+
+
+def test_two_processes_writing_the_same_prefix_leave_one_valid_entry(
+    cache_dir: Path, tmp_path: Path
+) -> None:
+    go = tmp_path / "go"
+    ready = [tmp_path / f"ready-{i}" for i in range(2)]
+    script = WRITE_SAME_PREFIX.format(tests=str(Path(__file__).parent))
+    writers = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(cache_dir), str(flag), str(go)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for flag in ready
+    ]
+    deadline = time.monotonic() + 60
+    while not all(flag.exists() for flag in ready) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    go.touch()  # both have opened the store and built their snapshot: go
+    outputs = [writer.communicate(timeout=60)[0] for writer in writers]
+
+    written = sorted(int(output.strip()) for output in outputs)
+    assert written[0] == 0 and written[1] > 0
+    assert len(entry_files(cache_dir)) == 1 and temp_files(cache_dir) == []
+    reader = DiskStore(cache_dir)
+    assert reader.count() == 1
+    item = snapshot(3, n_tokens=2000, state_bytes=8 << 20)
+    assert load(reader, item) == item.state
+    reader.close()
+
+
+WRITE_FOREVER = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from test_store import snapshot, UNLIMITED
+from reame_diskkv.store import DiskStore
+store = DiskStore(Path(sys.argv[1]))
+seed = 100
+while True:
+    store.write(snapshot(seed, state_bytes=2 << 20), max_size=UNLIMITED)
+    store.evict(8 << 20)
+    seed += 1
+"""
+
+
+def test_writer_killed_at_any_moment_leaves_only_complete_entries(cache_dir: Path) -> None:
+    script = WRITE_FOREVER.format(tests=str(Path(__file__).parent))
+    chance = random.Random(5)
+    for _ in range(4):
+        writer = subprocess.Popen([sys.executable, "-c", script, str(cache_dir)])
+        time.sleep(1.0 + chance.uniform(0.0, 0.5))
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+
+    survivor = DiskStore(cache_dir)
+    survivor.reconcile()
+
+    assert temp_files(cache_dir) == []
+    files = entry_files(cache_dir)
+    assert files and survivor.count() == len(files)
+    for path in files:
+        header = verify(path.read_bytes())
+        assert entry_key(header.fingerprint, header.tokens) == path.stem
+    survivor.close()
+
+
+# ------------------------------------------------------------------ repair
+
+
+def test_temporary_file_of_a_dead_writer_is_deleted(store: DiskStore, cache_dir: Path) -> None:
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True)  # fmt: skip
+    dead_pid = int(finished.stdout)
+    partial = cache_dir / "v1" / f".{snapshot(4).key}.{dead_pid}.0badc0de.tmp"
+    partial.write_bytes(b"REAMEKV\0 half an entry")
+
+    store.reconcile()
+
+    assert not partial.exists()
+    assert store.find(FINGERPRINT, snapshot(4).tokens, whole_within=None) is None
+
+
+def test_temporary_file_of_a_live_writer_is_kept(store: DiskStore, cache_dir: Path) -> None:
+    in_progress = cache_dir / "v1" / f".{snapshot(5).key}.{os.getppid()}.0badc0de.tmp"
+    in_progress.write_bytes(b"REAMEKV\0 being written")
+
+    store.reconcile()
+
+    assert in_progress.exists()
+
+
+def test_entry_file_without_a_row_is_adopted(store: DiskStore, cache_dir: Path) -> None:
+    item = snapshot(6)
+    store.write(item, max_size=UNLIMITED)
+    with sqlite3.connect(cache_dir / "v1" / "index.sqlite") as db:  # the crash lost the row
+        db.execute("DELETE FROM entries")
+        db.execute("DELETE FROM blocks")
+
+    store.reconcile()
+
+    assert load(store, item) == item.state
+
+
+def test_damaged_file_without_a_row_is_deleted(store: DiskStore, cache_dir: Path) -> None:
+    orphan = cache_dir / "v1" / f"{snapshot(7).key}.kv"
+    orphan.write_bytes(b"REAMEKV\0 not an entry at all")
+
+    store.reconcile()
+
+    assert not orphan.exists()
+    assert store.counters.corrupt == 1
+
+
+def test_row_whose_file_is_gone_is_dropped(store: DiskStore) -> None:
+    item = snapshot(8)
+    store.write(item, max_size=UNLIMITED)
+    (store.directory / f"{item.key}.kv").unlink()
+
+    store.reconcile()
+
+    assert store.count() == 0
+
+
+def test_row_whose_file_vanished_since_the_lookup_is_a_miss(store: DiskStore) -> None:
+    item = snapshot(9)
+    store.write(item, max_size=UNLIMITED)
+    found = store.find(FINGERPRINT, item.tokens, whole_within=None)
+    assert found is not None
+    (store.directory / f"{item.key}.kv").unlink()
+
+    assert store.load(found, FINGERPRINT) is None
+    assert store.count() == 0 and store.counters.corrupt == 0
+
+
+def test_unreadable_index_is_rebuilt_from_the_entry_files(cache_dir: Path) -> None:
+    item = snapshot(10)
+    first = DiskStore(cache_dir)
+    first.write(item, max_size=UNLIMITED)
+    first.close()
+    for path in (cache_dir / "v1").glob("index.sqlite*"):
+        path.write_bytes(b"this is not an sqlite database" * 100)
+
+    rebuilt = DiskStore(cache_dir)
+    rebuilt.reconcile()
+
+    assert load(rebuilt, item) == item.state
+    rebuilt.close()
+
+
+# ------------------------------------------------------------------ budget
+
+
+def test_eviction_keeps_the_budget_deleting_the_least_recently_used(store: DiskStore) -> None:
+    items = [snapshot(seed) for seed in range(20, 24)]
+    sizes = []
+    for item in items[:3]:
+        sizes.append(store.write(item, max_size=UNLIMITED))
+    store.touch(items[0].key)  # used again: the second entry is now the oldest
+    sizes.append(store.write(items[3], max_size=UNLIMITED))
+
+    evicted = store.evict(budget=sum(sizes) - sizes[1])
+
+    assert evicted == 1
+    assert store.total_size() <= sum(sizes) - sizes[1]
+    assert not store.holds(FINGERPRINT, items[1].tokens)
+    assert all(store.holds(FINGERPRINT, items[i].tokens) for i in (0, 2, 3))
+    assert store.counters.evictions == 1
+
+
+def test_entry_open_by_a_reader_survives_its_eviction(store: DiskStore) -> None:
+    item = snapshot(30)
+    store.write(item, max_size=UNLIMITED)
+    found = store.find(FINGERPRINT, item.tokens, whole_within=None)
+    assert found is not None
+    with (store.directory / f"{item.key}.kv").open("rb") as reading:
+        store.evict(budget=0)
+        data = reading.read()
+
+    assert store.count() == 0
+    assert verify(data).tokens == item.tokens
+
+
+def test_entry_larger_than_the_budget_is_not_written(store: DiskStore, cache_dir: Path) -> None:
+    assert store.write(snapshot(31), max_size=100) == 0
+    assert entry_files(cache_dir) == [] and temp_files(cache_dir) == []
+
+
+def test_clear_deletes_every_entry_of_every_model(store: DiskStore, cache_dir: Path) -> None:
+    store.write(snapshot(32), max_size=UNLIMITED)
+    other = snapshot(33)
+    moved = Snapshot("another model", "m2", other.tokens, other.state, other.codec)
+    store.write(moved, max_size=UNLIMITED)
+
+    entries, size = store.clear()
+
+    assert entries == 2 and size > 0
+    assert entry_files(cache_dir) == [] and store.count() == 0

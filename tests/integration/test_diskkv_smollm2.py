@@ -1,0 +1,203 @@
+"""The disk prefix cache on the real SmolLM2-135M, deterministic configuration: a prefix
+restored from disk gives the tokens of a cold prefill, bit for bit — whole, cut back to a
+shorter shared prefix, and in a second server process started after the first wrote it."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from reame_core.backend.llama import LlamaBackend
+from reame_core.chat import encode_chat
+from reame_core.engine.engine import Engine
+from reame_core.engine.slots import common_prefix
+from reame_core.plugins import PluginHost
+from reame_core.request import FinishEvent, GenerationRequest, SamplingParams
+from reame_core.settings import Settings
+from reame_diskkv.plugin import DiskPrefixCache
+
+REAME = Path(sys.executable).parent / "reame"
+
+SYSTEM = (
+    "You are the dispatcher of Ferrovie Alpine, a small mountain railway with four lines. "
+    "Line A runs from Tirano to Bormio every hour from six in the morning to nine at night. "
+    "Line B runs from Bormio to Livigno every two hours and stops at Valdidentro. Line C is "
+    "a summer line from Livigno to the Forcola pass, running only from June to September. "
+    "Line D connects Tirano with the Swiss border at Campocologno, with six trains a day. "
+    "Tickets are sold at every station and on board; on board they cost one euro more. "
+    "Bicycles travel free on lines A and B, and cost three euros on lines C and D. Dogs "
+    "travel free if they are on a leash. Children under six travel free, and children "
+    "under fourteen pay half. Groups of more than ten people must book two days ahead by "
+    "writing to the dispatcher. When snow closes a line, buses replace the trains and "
+    "tickets stay valid. Answer travellers briefly and politely, quote only the rules "
+    "above, and if a question is not covered by them, say that the ticket office in "
+    "Tirano will answer it."
+)
+QUESTIONS = ("Can I take my bicycle to the Forcola pass?", "How much does my child pay?")
+LONG_QUESTION = (
+    "which trains leave from platform 2, at what times do they leave on weekdays and on "
+    "Sundays, and which of them carry bicycles up to the pass in the summer months?"
+)
+DOCUMENT = "\n".join(
+    f"Train {i}: departs Tirano at {6 + i // 2}:{(i % 2) * 30:02d}, platform {1 + i % 3}."
+    for i in range(30)
+)
+
+
+def chat(backend: LlamaBackend, question: str) -> list[int]:
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+    return encode_chat(backend, messages)
+
+
+def completion(backend: LlamaBackend, text: str) -> list[int]:
+    return backend.tokenize(text, add_special=True, parse_special=False)
+
+
+@contextmanager
+def cached_engine(
+    backend: LlamaBackend, cache_dir: Path, **section: Any
+) -> Iterator[tuple[Engine, DiskPrefixCache]]:
+    """An engine with a fresh diskkv plugin on `cache_dir` and empty slots: a restarted
+    server. Without `cache_dir`, no plugin: the cold reference."""
+    for seq_id in range(backend.info.n_seq_max):
+        backend.seq_rm(seq_id, -1, -1)
+    cache = DiskPrefixCache()
+    host = PluginHost(discover=False)
+    host.register(cache, "diskkv")
+    settings = Settings(plugins={"diskkv": {"dir": str(cache_dir), **section}})
+    host.hook.reame_configure(settings=settings, model=backend.info)
+    engine = Engine(backend, host).start()
+    try:
+        yield engine, cache
+    finally:
+        engine.stop()
+
+
+def greedy(engine: Engine, prompt: Sequence[int]) -> FinishEvent:
+    params = SamplingParams(max_tokens=32, ignore_eos=True)
+    finished = engine.generate(GenerationRequest(list(prompt), params))
+    assert finished.error is None, finished.error
+    return finished
+
+
+def tokens_of(finished: FinishEvent) -> tuple[int, ...]:
+    return finished.candidates[0].tokens
+
+
+def test_system_prompt_restored_from_disk_gives_the_cold_tokens(
+    backend: LlamaBackend, tmp_path: Path
+) -> None:
+    prompts = [chat(backend, question) for question in QUESTIONS]
+    with cached_engine(backend, tmp_path) as (engine, cache):
+        cold = [greedy(engine, prompts[0])]
+        assert cache.flush()
+    with cached_engine(backend, tmp_path / "unused") as (engine, _):
+        cold.append(greedy(engine, prompts[1]))
+
+    warm = []
+    for prompt in prompts:
+        with cached_engine(backend, tmp_path) as (engine, _):
+            warm.append(greedy(engine, prompt))
+
+    end_of_turn = backend.tokenize("<|im_end|>", add_special=False, parse_special=True)
+    system_end = prompts[0].index(end_of_turn[0]) + 1
+    assert system_end > 200
+    for cold_run, warm_run in zip(cold, warm, strict=True):
+        assert cold_run.usage.cached_tokens == 0
+        assert warm_run.usage.restored_tokens == system_end
+        assert tokens_of(warm_run) == tokens_of(cold_run)
+
+
+def test_longer_snapshot_cut_back_to_a_shorter_shared_prefix_gives_the_cold_tokens(
+    backend: LlamaBackend, tmp_path: Path
+) -> None:
+    earlier = completion(backend, f"{DOCUMENT}\nQuestion: {LONG_QUESTION}")
+    prompt = completion(backend, f"{DOCUMENT}\nQuestion: when is the last train?")
+    with cached_engine(backend, tmp_path, block_tokens=32) as (engine, cache):
+        greedy(engine, earlier)
+        assert cache.flush()
+        stored = cache.reame_collect_stats()["diskkv"]["tokens_written"]  # type: ignore[index]
+    with cached_engine(backend, tmp_path / "unused") as (engine, _):
+        cold = greedy(engine, prompt)
+
+    with cached_engine(backend, tmp_path) as (engine, _):
+        warm = greedy(engine, prompt)
+
+    shared = common_prefix(earlier, prompt)
+    assert shared < stored
+    assert warm.usage.restored_tokens == shared
+    assert tokens_of(warm) == tokens_of(cold)
+
+
+# ------------------------------------------------------------- server processes
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def reame_serve(cache_dir: Path) -> Iterator[str]:
+    port = free_port()
+    process = subprocess.Popen(
+        [REAME, "serve", "--port", str(port), "--parallel", "2", "--ctx", "1024",
+         "--threads", "2", "--kv-cache-dir", str(cache_dir), "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"reame serve exited:\n{process.stderr.read()}")  # type: ignore[union-attr]
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("reame serve did not become ready in 90 s")
+            time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()  # a clean stop: queued snapshots are written first
+        process.wait(timeout=60)
+
+
+def ask(url: str, question: str) -> dict[str, Any]:
+    body = {
+        "messages": [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": question},
+        ],
+        "max_tokens": 24,
+        "temperature": 0,
+    }
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+    response.raise_for_status()
+    return dict(response.json())
+
+
+@pytest.mark.timeout(300)
+def test_second_server_process_restores_what_the_first_wrote(tmp_path: Path) -> None:
+    with reame_serve(tmp_path) as url:
+        first = ask(url, QUESTIONS[0])
+
+    with reame_serve(tmp_path) as url:
+        second = ask(url, QUESTIONS[0])
+
+    assert first["timings"]["restored_n"] == 0
+    assert second["timings"]["restored_n"] > 200
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 200
+    assert second["choices"][0]["message"] == first["choices"][0]["message"]
