@@ -17,6 +17,7 @@ The governor decides; the engine calls the sources and verifies.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -34,6 +35,7 @@ DECAY = 0.98  # per verified draft: a source's acceptance follows its recent dra
 MIN_DRAFTS = 4  # drafts of evidence (or steps declined) before a source may be switched off
 PROBE_EVERY = 64  # steps before a switched-off source is tried again (doubling)
 PROBE_MAX = 4096
+PROBE_BUDGET = 0.01  # probing may cost at most this share of the decoding time
 PROBE_DRAFTS = 4  # drafts verified while probing
 PROBE_TOKENS = 4  # tokens per probing draft
 SEQ_PRIOR = 2.0  # weight of the source's acceptance in a sequence's own estimate
@@ -304,11 +306,25 @@ class Governor:
         if probing or state.enabled:
             state.backoff = min(state.backoff * 2, PROBE_MAX) if probing else PROBE_EVERY
         state.enabled = False
-        state.probe_at = self._step + state.backoff
+        wait = state.backoff * max(1, math.ceil(self.probe_spacing() / PROBE_EVERY))
+        state.probe_at = self._step + wait
         state.reason = (
             f"expected gain {gain:.2f}x < 1 at acceptance {state.alpha:.2f}; "
-            f"tried again in {state.backoff} steps"
+            f"tried again in {wait} steps"
         )
+
+    def probe_spacing(self) -> int:
+        """Fewest steps between probes for their verification to cost at most
+        `PROBE_BUDGET` of the decoding time; the wait before a probe is the backoff
+        stretched to at least this. On a host where a short draft costs several plain
+        steps, this is what keeps a useless source nearly free."""
+        n = self._decoding
+        plain = [(i, 1) for i in range(n)]
+        base = self.cost.seconds(self._passes(plain))
+        probe = self.cost.seconds(self._passes([(0, 1 + PROBE_TOKENS), *plain[1:]]))
+        if base <= 0:
+            return PROBE_EVERY
+        return math.ceil(PROBE_DRAFTS * max(0.0, probe - base) / (PROBE_BUDGET * base))
 
     def expected_gain(self, state: SourceState) -> float | None:
         """Best expected speed-up from this source at the last step's number of decoding

@@ -13,6 +13,7 @@ usage. The probing schedule is checked on a `Governor` with a scripted cost curv
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ from reame_core.engine import engine as engine_module
 from reame_core.engine.engine import Engine
 from reame_core.engine.governor import (
     MIN_DRAFTS,
+    PROBE_BUDGET,
     PROBE_DRAFTS,
     PROBE_EVERY,
     PROBE_TOKENS,
@@ -392,8 +394,13 @@ def switched_off(governor: Governor, seq: Decoding) -> None:
     assert not governor.sources[SOURCE].enabled
 
 
+def first_wait(governor: Governor) -> int:
+    """Steps before the first probe: PROBE_EVERY, stretched to keep probing within budget."""
+    return PROBE_EVERY * max(1, math.ceil(governor.probe_spacing() / PROBE_EVERY))
+
+
 def steps_until_asked(governor: Governor, seq: Decoding) -> int:
-    for count in range(1, 10 * PROBE_EVERY):
+    for count in range(1, 100 * PROBE_EVERY):
         if SOURCE in governor.requests([seq], 2048, 512)[1]:
             return count
     raise AssertionError("the source was never asked again")
@@ -413,20 +420,36 @@ def test_source_is_switched_off_after_min_drafts_all_rejected_saying_why() -> No
     assert on_before
     assert not state.enabled
     assert state.gain is not None and state.gain < 1
-    assert "< 1" in state.reason and f"tried again in {PROBE_EVERY} steps" in state.reason
+    assert "< 1" in state.reason
+    assert f"tried again in {first_wait(governor)} steps" in state.reason
 
 
-def test_switched_off_source_is_probed_again_after_probe_every_steps() -> None:
+def test_switched_off_source_is_probed_again_after_the_first_wait() -> None:
     governor, seq = scripted_governor(), Decoding()
     switched_off(governor, seq)
 
-    assert steps_until_asked(governor, seq) == PROBE_EVERY
+    assert steps_until_asked(governor, seq) == first_wait(governor) >= PROBE_EVERY
+
+
+def test_probing_a_useless_source_costs_at_most_the_probe_budget() -> None:
+    governor, seq = scripted_governor(), Decoding()
+    switched_off(governor, seq)
+    plain = governor.cost.pass_seconds(1)
+    steps = first_wait(governor) + PROBE_DRAFTS  # one whole probing cycle
+
+    probes = [step(governor, seq, accepted=0) for _ in range(steps)]
+
+    extra = sum(
+        governor.cost.pass_seconds(1 + len(p.tokens)) - plain for p in probes if p is not None
+    )
+    assert any(probes)
+    assert extra <= PROBE_BUDGET * steps * plain
 
 
 def test_probe_verifies_a_few_short_drafts() -> None:
     governor, seq = scripted_governor(), Decoding()
     switched_off(governor, seq)
-    for _ in range(PROBE_EVERY - 1):
+    for _ in range(first_wait(governor) - 1):
         assert step(governor, seq) is None
 
     probes = [step(governor, seq) for _ in range(PROBE_DRAFTS)]
@@ -444,14 +467,14 @@ def test_source_still_useless_when_probed_stays_off_twice_as_long() -> None:
 
     state = governor.sources[SOURCE]
     assert not state.enabled
-    assert f"tried again in {2 * PROBE_EVERY} steps" in state.reason
-    assert steps_until_asked(governor, seq) == 2 * PROBE_EVERY
+    assert f"tried again in {2 * first_wait(governor)} steps" in state.reason
+    assert steps_until_asked(governor, seq) == 2 * first_wait(governor)
 
 
 def test_source_that_has_become_useful_when_probed_is_switched_back_on() -> None:
     governor, seq = scripted_governor(), Decoding()
     switched_off(governor, seq)
-    for _ in range(PROBE_EVERY - 1):
+    for _ in range(first_wait(governor) - 1):
         step(governor, seq)
 
     for _ in range(PROBE_DRAFTS):
