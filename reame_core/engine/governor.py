@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from reame_core.engine.decode_cost import DecodeCost
@@ -41,12 +41,60 @@ PROBE_TOKENS = 4  # tokens per probing draft
 SEQ_PRIOR = 2.0  # weight of the source's acceptance in a sequence's own estimate
 
 
-def expected_accepted(alpha: float, k: int) -> float:
-    """Expected accepted tokens of a k-token draft when each token is right with
-    probability `alpha` (given the ones before it were)."""
-    if alpha >= 1.0:
-        return float(k)
-    return alpha * (1.0 - alpha**k) / (1.0 - alpha)
+@dataclass
+class Acceptance:
+    """How drafts fared by position: (decayed) counts of drafts that reached position j,
+    all tokens before it right, and of those whose token j was right too. Acceptance is
+    not one coin per token: a copy that is on track tends to stay on track, so later
+    positions pass more often than the first, and one rate for all positions misjudges
+    what a long draft brings."""
+
+    decay: float = 1.0
+    reached: list[float] = field(default_factory=list)
+    passed: list[float] = field(default_factory=list)
+
+    def add(self, k: int, accepted: int) -> None:
+        if len(self.reached) < k:
+            grow = k - len(self.reached)
+            self.reached += [0.0] * grow
+            self.passed += [0.0] * grow
+        if self.decay < 1.0:
+            self.reached = [n * self.decay for n in self.reached]
+            self.passed = [n * self.decay for n in self.passed]
+        for j in range(min(accepted + 1, k)):
+            self.reached[j] += 1.0
+        for j in range(accepted):
+            self.passed[j] += 1.0
+
+    @property
+    def pooled(self) -> float:
+        """One rate for every position, with a weak prior (0.5 before any evidence)."""
+        return (sum(self.passed) + 0.5) / (sum(self.reached) + 1.0)
+
+    def rates(self, k: int, prior: Sequence[float], weight: float) -> list[float]:
+        """Chance that draft token j is right given the ones before it were, for j < k:
+        the counts, pulled towards `prior[j]` with `weight` pseudo-drafts."""
+        out = []
+        for j in range(k):
+            reached = self.reached[j] if j < len(self.reached) else 0.0
+            passed = self.passed[j] if j < len(self.passed) else 0.0
+            out.append((passed + weight * prior[j]) / (reached + weight))
+        return out
+
+
+def accepted_by_length(rates: Sequence[float]) -> list[float]:
+    """Expected accepted tokens of a draft cut to n tokens, for n = 0 .. len(rates)."""
+    expected, survive = [0.0], 1.0
+    for rate in rates:
+        survive *= rate
+        expected.append(expected[-1] + survive)
+    return expected
+
+
+@dataclass(frozen=True)
+class _Offer:
+    proposal: DraftProposal
+    expected: list[float]  # expected accepted tokens by draft length (`accepted_by_length`)
 
 
 @dataclass
@@ -57,8 +105,7 @@ class SourceState:
     proposed: int = 0
     accepted: int = 0
     drafts: int = 0
-    trials: float = 0.0  # decayed: draft tokens checked (accepted + the first rejected)
-    hits: float = 0.0  # decayed: draft tokens accepted
+    acceptance: Acceptance = field(default_factory=lambda: Acceptance(DECAY))
     propose_seconds: float = 0.0  # average time of one call proposing for all sequences
     calls: int = 0
     enabled: bool = True
@@ -72,18 +119,15 @@ class SourceState:
 
     @property
     def alpha(self) -> float:
-        """Per-token acceptance, with a weak prior (0.5 before any evidence)."""
-        return (self.hits + 0.5) / (self.trials + 1.0)
+        """Per-token acceptance over all positions (for reports)."""
+        return self.acceptance.pooled
+
+    def rates(self, k: int) -> list[float]:
+        return self.acceptance.rates(k, [self.acceptance.pooled] * k, 1.0)
 
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.proposed if self.proposed else 0.0
-
-
-@dataclass
-class _SeqRecord:
-    trials: float = 0.0
-    hits: float = 0.0
 
 
 class Governor:
@@ -100,7 +144,7 @@ class Governor:
         self.cost = DecodeCost()
         self.sources = {name: SourceState(name) for name in sources}
         self._passes = passes
-        self._seqs: dict[tuple[int, str], _SeqRecord] = {}
+        self._seqs: dict[tuple[int, str], Acceptance] = {}
         self._step = 0
         self._decoding = 1  # sequences decoding at the last planned step
 
@@ -158,7 +202,7 @@ class Governor:
         """The drafts to verify this step, keyed by id(seq), each cut to its chosen length."""
         limits = {id(r.seq): r.max_tokens for r in requests}
         forced: dict[int, DraftProposal] = {}
-        offers: dict[int, tuple[float, DraftProposal]] = {}
+        offers: dict[int, _Offer] = {}
         by_id = {id(seq): seq for seq in decoding}
         for proposal in proposals:
             key = id(proposal.seq)
@@ -176,10 +220,9 @@ class Governor:
                 if state.probe_left > 0 and key not in forced:
                     forced[key] = _cut(proposal, PROBE_TOKENS)
             else:
-                alpha = self._alpha(key, state)
-                value = expected_accepted(alpha, len(proposal.tokens))
-                if key not in offers or value > offers[key][0]:
-                    offers[key] = (alpha, proposal)
+                offer = _Offer(proposal, self._expected(key, state, len(proposal.tokens)))
+                if key not in offers or offer.expected[-1] > offers[key].expected[-1]:
+                    offers[key] = offer
         if not offers:
             return forced
         ordered = sorted(decoding, key=_seq_id)  # batch order
@@ -190,12 +233,10 @@ class Governor:
         self._note_declined(offers, plan)
         return plan
 
-    def _note_declined(
-        self, offers: dict[int, tuple[float, DraftProposal]], plan: dict[int, DraftProposal]
-    ) -> None:
+    def _note_declined(self, offers: dict[int, _Offer], plan: dict[int, DraftProposal]) -> None:
         """A source whose proposals no plan wants is judged even though none are verified:
         asking it still costs its propose time."""
-        offered = {proposal.source for _alpha, proposal in offers.values()}
+        offered = {offer.proposal.source for offer in offers.values()}
         chosen = {proposal.source for proposal in plan.values()}
         for name in offered:
             state = self.sources[name]
@@ -211,13 +252,13 @@ class Governor:
         self,
         ordered: Sequence[EngineSequence],
         forced: dict[int, DraftProposal],
-        offers: dict[int, tuple[float, DraftProposal]],
+        offers: dict[int, _Offer],
     ) -> dict[int, DraftProposal]:
         """Try drafts of k tokens for the m most promising sequences, for every k on the
         ladder and every m (one drafting sequence may cost a pass of its own where all of
         them drafting together would share one); keep the best."""
-        order = [key for key, _offer in sorted(offers.items(), key=lambda item: -item[1][0])]
-        longest = max(len(p.tokens) for _a, p in offers.values())
+        order = sorted(offers, key=lambda key: -offers[key].expected[-1])
+        longest = max(len(offer.proposal.tokens) for offer in offers.values())
         best_plan = forced
         best_rate = self._rate(ordered, forced, offers)
         for k in K_LADDER:
@@ -227,7 +268,7 @@ class Governor:
             for key in order:
                 if key in plan:
                     continue
-                plan[key] = _cut(offers[key][1], k)
+                plan[key] = _cut(offers[key].proposal, k)
                 rate = self._rate(ordered, plan, offers)
                 if rate > best_rate:
                     best_plan, best_rate = dict(plan), rate
@@ -237,7 +278,7 @@ class Governor:
         self,
         ordered: Sequence[EngineSequence],
         plan: dict[int, DraftProposal],
-        offers: dict[int, tuple[float, DraftProposal]],
+        offers: dict[int, _Offer],
     ) -> float:
         """Expected tokens per second of a step that verifies `plan` (`ordered`: the
         decoding sequences in batch order)."""
@@ -247,17 +288,20 @@ class Governor:
             draft = plan.get(id(seq))
             n = len(draft.tokens) if draft else 0
             layout.append((seq.seq_id, 1 + n))
-            if draft is not None:
-                alpha = offers[id(seq)][0] if id(seq) in offers else 0.5
-                tokens += expected_accepted(alpha, n)
+            offer = offers.get(id(seq))
+            if draft is not None and offer is not None:  # forced drafts count as misses
+                tokens += offer.expected[n]
         seconds = self.cost.seconds(self._passes(layout))
         return tokens / seconds if seconds > 0 else 0.0
 
-    def _alpha(self, key: int, state: SourceState) -> float:
+    def _expected(self, key: int, state: SourceState, k: int) -> list[float]:
+        """Expected accepted tokens by draft length for this sequence: its own record,
+        pulled towards its source's."""
+        rates = state.rates(k)
         record = self._seqs.get((key, state.name))
-        if record is None:
-            return state.alpha
-        return (record.hits + SEQ_PRIOR * state.alpha) / (record.trials + SEQ_PRIOR)
+        if record is not None:
+            rates = record.rates(k, rates, SEQ_PRIOR)
+        return accepted_by_length(rates)
 
     # ---------------------------------------------------------- learning
 
@@ -269,16 +313,13 @@ class Governor:
         state = self.sources.get(draft.source)
         if state is None:
             return
-        checked = accepted + (1 if accepted < len(draft.tokens) else 0)
-        state.proposed += len(draft.tokens)
+        k = len(draft.tokens)
+        state.proposed += k
         state.accepted += accepted
         state.drafts += 1
-        state.k = len(draft.tokens)
-        state.trials = state.trials * DECAY + checked
-        state.hits = state.hits * DECAY + accepted
-        record = self._seqs.setdefault((id(seq), state.name), _SeqRecord())
-        record.trials += checked
-        record.hits += accepted
+        state.k = k
+        state.acceptance.add(k, accepted)
+        self._seqs.setdefault((id(seq), state.name), Acceptance()).add(k, accepted)
         if state.probe_left > 0:
             state.probe_left -= 1
             if state.probe_left == 0:
@@ -336,13 +377,14 @@ class Governor:
             return None
         base = self.cost.seconds(base_passes)
         best = 0.0
+        expected = accepted_by_length(state.rates(max(K_LADDER)))
         for k in K_LADDER:
             if k > self.draft_max:
                 break
             for drafting in {1, n}:
                 layout = [(i, 1 + k if i < drafting else 1) for i in range(n)]
                 seconds = self.cost.seconds(self._passes(layout)) + state.propose_seconds
-                tokens = n + drafting * expected_accepted(state.alpha, k)
+                tokens = n + drafting * expected[k]
                 best = max(best, (tokens / seconds) / (n / base))
         return best
 

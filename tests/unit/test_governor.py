@@ -32,8 +32,9 @@ from reame_core.engine.governor import (
     PROBE_DRAFTS,
     PROBE_EVERY,
     PROBE_TOKENS,
+    Acceptance,
     Governor,
-    expected_accepted,
+    accepted_by_length,
 )
 from reame_core.hookspecs import hookimpl
 from reame_core.hooktypes import DraftProposal, DraftRequest
@@ -163,7 +164,42 @@ def answers(tokenize: Tokenize, greedy_reference: Reference) -> dict[tuple[int, 
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_expected_accepted_sums_the_chance_of_each_draft_prefix(alpha: float, k: int) -> None:
     # Draft token i is kept only if tokens 1..i are all right: probability alpha ** i.
-    assert expected_accepted(alpha, k) == pytest.approx(sum(alpha**i for i in range(1, k + 1)))
+    expected = accepted_by_length([alpha] * k)
+
+    assert expected[k] == pytest.approx(sum(alpha**i for i in range(1, k + 1)))
+    assert expected[0] == 0.0
+
+
+def test_acceptance_counts_each_position_a_draft_reached() -> None:
+    acceptance = Acceptance()
+
+    acceptance.add(4, 2)  # tokens 0 and 1 right, token 2 wrong, token 3 never checked
+    acceptance.add(2, 2)
+
+    assert acceptance.reached == [2.0, 2.0, 1.0, 0.0]
+    assert acceptance.passed == [2.0, 2.0, 0.0, 0.0]
+
+
+def test_what_a_draft_brings_follows_how_drafts_really_fared() -> None:
+    # Half the drafts miss at once; the others are right to the end (a copy on track):
+    # an 8-token draft brings 4 tokens on average, which one rate for all positions
+    # (about 0.88 here) overestimates.
+    acceptance = Acceptance()
+    for _ in range(10):
+        acceptance.add(8, 0)
+        acceptance.add(8, 8)
+
+    rates = acceptance.rates(8, [acceptance.pooled] * 8, 1.0)
+
+    assert rates[0] < 0.6 and rates[7] > 0.9
+    assert accepted_by_length(rates)[8] == pytest.approx(4.0, abs=0.1)
+    assert accepted_by_length([acceptance.pooled] * 8)[8] > 4.5
+
+
+def test_positions_without_evidence_take_the_prior() -> None:
+    rates = Acceptance().rates(3, [0.2, 0.4, 0.6], 2.0)
+
+    assert rates == pytest.approx([0.2, 0.4, 0.6])
 
 
 # ------------------------------------------------------------------ auto on a host
