@@ -87,7 +87,10 @@ def one_stream_blocking(url: str, prompt: str, tokens: int) -> float:
 
 
 async def load(url: str, streams: int, tokens: int, model: str | None) -> dict[str, float]:
-    async with httpx.AsyncClient(timeout=600) as client:
+    # A new connection per request: llama-server (cpp-httplib) at times drops a kept-alive
+    # connection as the next request arrives; no server gets reused connections then.
+    no_keepalive = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=600, limits=no_keepalive) as client:
         await one_stream(client, url, "Warm up.", 4, model)
         started = time.perf_counter()
         results = await asyncio.gather(
@@ -105,16 +108,17 @@ async def load(url: str, streams: int, tokens: int, model: str | None) -> dict[s
     }
 
 
-def reame_server(threads: int) -> AbstractContextManager[str]:
+def reame_server(threads: int, fast: bool) -> AbstractContextManager[str]:
     """Speculation off: the comparison is of serving, and llama-server does not speculate
-    by default."""
+    by default. `fast`: llama.cpp's fastest settings instead of the deterministic ones."""
     from common import free_port, running_server
 
     port = free_port()
     reame = os.path.join(os.path.dirname(sys.executable), "reame")
     return running_server(
         [reame, "serve", "--port", str(port), "--parallel", "8", "--ctx", "1024",
-         "--threads", str(threads), "--log-level", "warning", "--speculate", "off"],
+         "--threads", str(threads), "--log-level", "warning", "--speculate", "off",
+         *(["--no-deterministic"] if fast else [])],
         port,
     )  # fmt: skip
 
@@ -142,6 +146,9 @@ def main() -> None:
     parser.add_argument("--model", help="model field to send (needed by some servers)")
     parser.add_argument("--label", default="reame")
     parser.add_argument("--llama-server", help="llama.cpp's llama-server binary, to compare")
+    parser.add_argument(
+        "--no-deterministic", action="store_true", help="serve Reame with its fast settings"
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).parent))
     from common import measure, median_ratio, write_report
@@ -180,7 +187,7 @@ def main() -> None:
         throughput = str(Path(__file__).parent / "engine_throughput.py")
         http_seconds, engine_seconds = [], []
         with contextlib.ExitStack() as stack:
-            url = stack.enter_context(reame_server(args.threads))
+            url = stack.enter_context(reame_server(args.threads, args.no_deterministic))
             for _ in range(args.reps):
                 http_seconds.append(one_stream_blocking(url, PROMPTS[0], args.tokens))
                 engine_seconds.append(
@@ -196,11 +203,13 @@ def main() -> None:
                 )
             run_all(servers)
     path = write_report(
-        f"http_load_{args.label}",
+        f"http_load_{args.label}" + ("_fast" if args.no_deterministic else ""),
         {
             "server": args.label,
             "url": args.url
-            or "reame serve --speculate off (embedded SmolLM2-135M, 8 slots, ctx 1024/slot)"
+            or "reame serve --speculate off"
+            + (" --no-deterministic" if args.no_deterministic else "")
+            + " (embedded SmolLM2-135M, 8 slots, ctx 1024/slot)"
             + (", llama-server -np 8 -c 8192, same model" if args.llama_server else ""),
             "threads": args.threads,
             "tokens_per_stream": args.tokens,

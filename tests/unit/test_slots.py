@@ -90,6 +90,16 @@ def test_acquire_takes_the_least_recently_used_slot_when_preferred_is_busy(
     assert slots.acquire() is first
 
 
+def test_acquire_keeps_busy_sequence_ids_consecutive() -> None:
+    # With per-sequence KV, only consecutive ids decode in one pass over the weights.
+    slots = KVSlots(FakeBackend(n_seq_max=6))
+    taken = [slots.acquire() for _ in range(4)]  # ids 0-3
+    for slot in (taken[1], taken[3]):
+        slots.release(slot)  # busy: 0 and 2; slot 3 was released last
+
+    assert slots.acquire().seq_id == 1  # 0-2 in one run, where 4 or 5 would make two
+
+
 def test_released_slot_keeps_its_kv_resident(backend: FakeBackend, slots: KVSlots) -> None:
     slot = slots.acquire()
     fill(backend, slots, slot, [1, 2, 3])
