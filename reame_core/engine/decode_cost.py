@@ -1,8 +1,10 @@
 """What a decode costs on this host, learned from the decodes the engine runs.
 
 A decode is one or more passes over the weights (see `Backend.passes`); a pass of n tokens
-takes f(n) seconds. `DecodeCost` keeps a decayed average of f at each pass size it has
-seen (single-pass decodes only: their time is one f(n)) and interpolates between them,
+takes f(n) seconds. `DecodeCost` keeps the median of the last few timings of f at each pass
+size it has seen (single-pass decodes only: their time is one f(n)); a median, because on a
+shared host one decode now and then takes several times its usual time, and one such outlier
+must not switch speculation off. It interpolates between the sizes,
 so the speculation governor can price "verify k drafts" against "decode one token"
 before trying it. Decode steps teach it small n, prompt chunks large n.
 """
@@ -10,26 +12,29 @@ before trying it. Decode steps teach it small n, prompt chunks large n.
 from __future__ import annotations
 
 import bisect
+import statistics
+from collections import deque
 from collections.abc import Iterable
 
 
 class DecodeCost:
-    def __init__(self, decay: float = 0.1) -> None:
-        self.decay = decay
+    def __init__(self, window: int = 7) -> None:
+        self.window = window
         self._sizes: list[int] = []  # sorted pass sizes with a measurement
-        self._seconds: dict[int, float] = {}
+        self._recent: dict[int, deque[float]] = {}
+        self._seconds: dict[int, float] = {}  # median of `_recent`, per size
 
     def observe(self, passes: list[int], seconds: float) -> None:
         """A decode made of `passes` took `seconds`."""
         if len(passes) != 1 or passes[0] <= 0 or seconds <= 0:
             return
         size = _bucket(passes[0])
-        previous = self._seconds.get(size)
-        if previous is None:
+        recent = self._recent.get(size)
+        if recent is None:
             bisect.insort(self._sizes, size)
-            self._seconds[size] = seconds
-        else:
-            self._seconds[size] = previous + self.decay * (seconds - previous)
+            recent = self._recent[size] = deque(maxlen=self.window)
+        recent.append(seconds)
+        self._seconds[size] = statistics.median(recent)
 
     def covers(self, n: int) -> bool:
         """Whether a pass of `n` tokens is priced from measurements of that size or smaller
