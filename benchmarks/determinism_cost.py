@@ -70,7 +70,7 @@ def child(mode: str, config: str, threads: int) -> dict[str, float]:
         backend.decode(batch)
         return {"tok_s": len(tokens) / (time.perf_counter() - started)}
 
-    engine = Engine(backend).start()
+    engine = Engine(backend, speculate="off").start()  # batching alone, no drafts
     prompts = [encode_chat(backend, [{"role": "user", "content": q}]) for q in QUESTIONS]
 
     def run(

@@ -84,7 +84,7 @@ def child(mode: str, streams: int, tokens: int, threads: int) -> float:
         raw_run(8)  # warm up
         return raw_run(tokens)
 
-    engine = Engine(backend).start()
+    engine = Engine(backend, speculate="off").start()  # the plain engine against the raw loop
     params = SamplingParams(max_tokens=tokens, ignore_eos=True)
 
     def generate(prompt: list[int], n_tokens: int) -> None:

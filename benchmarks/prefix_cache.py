@@ -70,7 +70,10 @@ def child(mode: str, cache_dir: str, question: int, threads: int) -> dict[str, A
     from reame_core.settings import Settings
     from reame_diskkv.entry_format import split_planes
 
-    settings = Settings(threads=threads, plugins={"diskkv": {"dir": cache_dir}}, **CONTEXT)
+    # Speculation off: cold and warm answers are compared bit for bit.
+    settings = Settings(
+        threads=threads, speculate="off", plugins={"diskkv": {"dir": cache_dir}}, **CONTEXT
+    )
     runtime = start_runtime(settings)
     engine, backend = runtime.engine, runtime.backend
     messages = [

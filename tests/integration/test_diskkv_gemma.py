@@ -52,7 +52,7 @@ def cached_engine(backend: LlamaBackend, cache_dir: Path) -> Iterator[Engine]:
     host.register(cache, "diskkv")
     section = {"dir": str(cache_dir), "block_tokens": BLOCK}
     host.hook.reame_configure(settings=Settings(plugins={"diskkv": section}), model=backend.info)
-    engine = Engine(backend, host).start()
+    engine = Engine(backend, host, speculate="off").start()  # bit-exact paths only
     try:
         yield engine
     finally:

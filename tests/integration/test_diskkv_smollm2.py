@@ -4,17 +4,14 @@ shorter shared prefix, and in a second server process started after the first wr
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from served import reame_serve
 
 from reame_core.backend.llama import LlamaBackend
 from reame_core.chat import encode_chat
@@ -24,8 +21,6 @@ from reame_core.plugins import PluginHost
 from reame_core.request import FinishEvent, GenerationRequest, SamplingParams
 from reame_core.settings import Settings
 from reame_diskkv.plugin import DiskPrefixCache
-
-REAME = Path(sys.executable).parent / "reame"
 
 SYSTEM = (
     "You are the dispatcher of Ferrovie Alpine, a small mountain railway with four lines. "
@@ -75,7 +70,8 @@ def cached_engine(
     host.register(cache, "diskkv")
     settings = Settings(plugins={"diskkv": {"dir": str(cache_dir), **section}})
     host.hook.reame_configure(settings=settings, model=backend.info)
-    engine = Engine(backend, host).start()
+    # Speculation off: on this build drafts are exact only up to near-ties (see conftest).
+    engine = Engine(backend, host, speculate="off").start()
     try:
         yield engine, cache
     finally:
@@ -141,38 +137,12 @@ def test_longer_snapshot_cut_back_to_a_shorter_shared_prefix_gives_the_cold_toke
 # ------------------------------------------------------------- server processes
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextmanager
-def reame_serve(cache_dir: Path) -> Iterator[str]:
-    port = free_port()
-    process = subprocess.Popen(
-        [REAME, "serve", "--port", str(port), "--parallel", "2", "--ctx", "1024",
-         "--threads", "2", "--kv-cache-dir", str(cache_dir), "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+def cached_server(cache_dir: Path) -> AbstractContextManager[str]:
+    # Speculation off, as in `cached_engine`: answers are compared bit for bit.
+    return reame_serve(
+        "--parallel", "2", "--ctx", "1024", "--threads", "2", "--kv-cache-dir", str(cache_dir),
+        "--speculate", "off",
     )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"reame serve exited:\n{process.stderr.read()}")  # type: ignore[union-attr]
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("reame serve did not become ready in 90 s")
-            time.sleep(0.2)
-        yield url
-    finally:
-        process.terminate()  # a clean stop: queued snapshots are written first
-        process.wait(timeout=60)
 
 
 def ask(url: str, question: str) -> dict[str, Any]:
@@ -191,10 +161,10 @@ def ask(url: str, question: str) -> dict[str, Any]:
 
 @pytest.mark.timeout(300)
 def test_second_server_process_restores_what_the_first_wrote(tmp_path: Path) -> None:
-    with reame_serve(tmp_path) as url:
+    with cached_server(tmp_path) as url:
         first = ask(url, QUESTIONS[0])
 
-    with reame_serve(tmp_path) as url:
+    with cached_server(tmp_path) as url:
         second = ask(url, QUESTIONS[0])
 
     assert first["timings"]["restored_n"] == 0

@@ -423,7 +423,7 @@ def test_a_new_engine_on_a_used_backend_serves_requests(
     first = tokens_of(engine.generate(request(prompt, max_tokens=8, ignore_eos=True)))
     engine.stop()
 
-    restarted = Engine(backend).start()
+    restarted = Engine(backend, speculate="off").start()  # as the `engine` fixture
     try:
         again = restarted.generate(request(prompt, max_tokens=8, ignore_eos=True))
     finally:

@@ -2,59 +2,26 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
 import pytest
+from served import reame_serve
 
 API_KEY = "test-key-123"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server_url() -> Iterator[str]:
-    port = _free_port()
-    reame = os.path.join(os.path.dirname(sys.executable), "reame")
     # Speculation off: several tests compare answers bit for bit, which this build
     # guarantees without it (see runtime.determinism_note); requests may turn it on.
-    process = subprocess.Popen(
-        [reame, "serve", "--port", str(port), "--parallel", "8", "--ctx", "1024",
-         "--threads", "2", "--api-key", API_KEY, "--log-level", "warning",
-         "--speculate", "off"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"reame serve exited:\n{process.stderr.read()}")  # type: ignore[union-attr]
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("reame serve did not become ready in 60 s")
-            time.sleep(0.2)
+    with reame_serve(
+        "--parallel", "8", "--ctx", "1024", "--threads", "2", "--api-key", API_KEY,
+        "--speculate", "off",
+    ) as url:  # fmt: skip
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=20)
 
 
 @pytest.fixture
