@@ -1,10 +1,11 @@
-"""The engine: one thread that owns the backend and advances every request, one batch a step.
+"""The engine: one thread that owns the backend and advances every request, one step at a time.
 
 Each step it admits waiting requests into free slots (reusing resident or stored prefixes),
-gathers drafts, builds ONE batch holding every decoding sequence's next token (plus its
-drafts) and bounded prefill chunks, decodes it once, then samples or verifies per sequence
-and streams the new text out. Callers talk to it only through `submit` (thread-safe) and
-the events it emits; nothing outside this thread touches the backend.
+asks the speculation governor which sequences draft and how much, builds one batch holding
+every decoding sequence's next token (plus its drafts) and one batch per bounded prompt
+chunk, decodes them, then samples or verifies per sequence and streams the new text out.
+Callers talk to it only through `submit` (thread-safe) and the events it emits; nothing
+outside this thread touches the backend.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import structlog
@@ -63,8 +64,6 @@ class EngineStats:
     active_sequences: int = 0
     waiting_requests: int = 0
     decode_errors: int = 0
-    draft_proposed: dict[str, int] = field(default_factory=dict)
-    draft_accepted: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -107,7 +106,7 @@ class Engine:
         self.hook = self.plugins.hook
         self.slots = KVSlots(backend, max_sessions, exact_reuse=exact_reuse)
         self.prefill_chunk = prefill_chunk
-        self._draft_sources = [impl for impl in self.hook.reame_propose_drafts.get_hookimpls()]
+        self._draft_sources = list(self.hook.reame_propose_drafts.get_hookimpls())
         self.governor = Governor(
             [impl.plugin_name for impl in self._draft_sources],
             backend.passes,
@@ -554,12 +553,7 @@ class Engine:
         accepted = verdict.accepted
         # KV now holds next_token + every draft; keep next_token + the accepted ones.
         self.slots.rollback(seq.slot, seq.n_kv - len(draft.tokens) + accepted)
-        self.governor.record(seq, draft, accepted)
-        stats = self.stats
-        stats.draft_proposed[draft.source] = stats.draft_proposed.get(draft.source, 0) + len(
-            draft.tokens
-        )
-        stats.draft_accepted[draft.source] = stats.draft_accepted.get(draft.source, 0) + accepted
+        self.governor.record(seq, draft, accepted)  # it keeps the totals per source
         usage = seq.group.usage
         usage.draft_proposed[draft.source] = usage.draft_proposed.get(draft.source, 0) + len(
             draft.tokens

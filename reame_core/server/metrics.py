@@ -76,16 +76,11 @@ class EngineCollector(Collector):
             "reame_requests_in_flight", "Requests accepted and not finished", self._state.in_flight
         )
         proposed = CounterMetricFamily(
-            "reame_draft_tokens_proposed", "Draft tokens proposed, by source", labels=["source"]
+            "reame_draft_tokens_proposed", "Draft tokens verified, by source", labels=["source"]
         )
         accepted = CounterMetricFamily(
             "reame_draft_tokens_accepted", "Draft tokens accepted, by source", labels=["source"]
         )
-        for source, count in sorted(stats.draft_proposed.items()):
-            proposed.add_metric([source], count)
-            accepted.add_metric([source], stats.draft_accepted.get(source, 0))
-        yield proposed
-        yield accepted
         enabled = GaugeMetricFamily(
             "reame_draft_source_enabled",
             "Whether the speculation governor lets the source draft (1) or not (0)",
@@ -97,10 +92,11 @@ class EngineCollector(Collector):
             labels=["source"],
         )
         for row in runtime.engine.governor.report()["sources"]:
+            proposed.add_metric([row["source"]], row["proposed"])
+            accepted.add_metric([row["source"]], row["accepted"])
             enabled.add_metric([row["source"]], float(row["enabled"]))
             length.add_metric([row["source"]], float(row["k"]))
-        yield enabled
-        yield length
+        yield from (proposed, accepted, enabled, length)
         for result in runtime.plugins.hook.reame_collect_stats() or ():
             for group, counters in (result or {}).items():
                 for name, value in counters.items():

@@ -178,8 +178,8 @@ def test_engine_verifies_the_drafts_of_a_registered_source(
     proposed = result.usage.draft_proposed[SOURCE]
     assert proposed > 0
     assert result.usage.draft_accepted[SOURCE] == proposed
-    assert engine.stats.draft_proposed == {SOURCE: proposed}
-    assert engine.stats.draft_accepted == {SOURCE: proposed}
+    assert engine.governor.sources[SOURCE].proposed == proposed
+    assert engine.governor.sources[SOURCE].accepted == proposed
     # After the first token, each step adds its accepted drafts plus one token of its own.
     assert proposed + (engine.stats.decode_steps - 1) == 39
 
@@ -331,7 +331,7 @@ def test_logprobs_with_drafts_equal_logprobs_without(
 
     engine.generate(request(prompt, **params), drafted.append)
 
-    assert engine.stats.draft_accepted[SOURCE] > 0
+    assert engine.governor.sources[SOURCE].accepted > 0
     assert [lp for e in drafted for lp in e.logprobs] == [lp for e in plain for lp in e.logprobs]
 
 
@@ -418,7 +418,8 @@ def test_speculative_sampling_keeps_the_model_distribution(
 
     counts = sample_outputs(engine, prompt, drive)
 
-    proposed, accepted = engine.stats.draft_proposed[SOURCE], engine.stats.draft_accepted[SOURCE]
+    source = engine.governor.sources[SOURCE]
+    proposed, accepted = source.proposed, source.accepted
     assert 0 < accepted < proposed  # both acceptance and the residual draw are exercised
     assert_follows(counts, exact_distribution(fake(engine), prompt, SamplingParams(**SAMPLED)))
 
