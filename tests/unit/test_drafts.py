@@ -18,51 +18,24 @@ from typing import Any
 
 import numpy as np
 import pytest
+from draft_sources import SOURCE, AlwaysWrong, KnownAnswers, drafting, fake, request
 
 from reame_core.backend.fake import EOS, FakeBackend
 from reame_core.engine.engine import Engine
 from reame_core.engine.sampler import TokenSampler
 from reame_core.hookspecs import hookimpl
 from reame_core.hooktypes import DraftProposal, DraftRequest
-from reame_core.plugins import PluginHost
-from reame_core.request import Event, FinishEvent, GenerationRequest, SamplingParams, TokenEvent
+from reame_core.request import Event, FinishEvent, SamplingParams, TokenEvent
 
 MakeEngine = Callable[..., Engine]
 Reference = Callable[[FakeBackend, Sequence[int], int], list[int]]
 Tokenize = Callable[[str], list[int]]
 Drive = Callable[[Engine], None]
 
-SOURCE = "my-drafts"
 LETTERS = tuple(b"abcdefghijklmnopqrstuvwxyz ")
 
 
 # -------------------------------------------------------------------- draft sources
-
-
-class KnownAnswers:
-    """Remembers how each prompt continued before and proposes the rest of that answer."""
-
-    def __init__(self, answers: dict[tuple[int, ...], Sequence[int]]) -> None:
-        self.answers = answers
-
-    @hookimpl
-    def reame_propose_drafts(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]:
-        proposals = []
-        for request in requests:
-            answer = self.answers.get(tuple(request.seq.prompt_tokens), ())
-            done = len(request.seq.output_tokens)
-            if list(answer[:done]) == list(request.seq.output_tokens) and answer[done:]:
-                rest = tuple(answer[done : done + request.max_tokens])
-                proposals.append(DraftProposal(request.seq, SOURCE, rest))
-        return proposals
-
-
-class AlwaysWrong:
-    """Proposes NUL bytes, which the fake model never predicts."""
-
-    @hookimpl
-    def reame_propose_drafts(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]:
-        return [DraftProposal(r.seq, SOURCE, (0,) * r.max_tokens) for r in requests]
 
 
 class RandomLetters:
@@ -98,12 +71,12 @@ class GreedyDraftModel:
     @hookimpl
     def reame_propose_drafts(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]:
         proposals = []
-        for request in requests:
-            context = [*request.seq.prompt_tokens, *request.seq.output_tokens]
+        for asked in requests:
+            context = [*asked.seq.prompt_tokens, *asked.seq.output_tokens]
             guess: list[int] = []
-            for _ in range(request.max_tokens):
+            for _ in range(asked.max_tokens):
                 guess.append(int(np.argmax(self.model.logits_after(context + guess))))
-            proposals.append(DraftProposal(request.seq, SOURCE, tuple(guess)))
+            proposals.append(DraftProposal(asked.seq, SOURCE, tuple(guess)))
         return proposals
 
 
@@ -118,37 +91,21 @@ class SamplingDraftModel:
     @hookimpl
     def reame_propose_drafts(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]:
         proposals = []
-        for request in requests:
-            context = [*request.seq.prompt_tokens, *request.seq.output_tokens]
+        for asked in requests:
+            context = [*asked.seq.prompt_tokens, *asked.seq.output_tokens]
             guess: list[int] = []
             rows = []
-            for _ in range(request.max_tokens):
+            for _ in range(asked.max_tokens):
                 logits = self.model.logits_after(context + guess).astype(np.float64)
                 q = np.exp((logits - logits.max()) / self.temperature)
                 q /= q.sum()
                 guess.append(int(self.rng.choice(q.shape[0], p=q)))
                 rows.append(q)
-            proposals.append(DraftProposal(request.seq, SOURCE, tuple(guess), np.stack(rows)))
+            proposals.append(DraftProposal(asked.seq, SOURCE, tuple(guess), np.stack(rows)))
         return proposals
 
 
-def drafting(source: object) -> PluginHost:
-    """The source alone: the built-in prompt lookup would propose too."""
-    host = PluginHost(["prompt_lookup"], discover=False)
-    host.register(source, SOURCE)
-    return host
-
-
 # -------------------------------------------------------------------------- helpers
-
-
-def request(prompt: Sequence[int], **params: Any) -> GenerationRequest:
-    return GenerationRequest(list(prompt), SamplingParams(**params))
-
-
-def fake(engine: Engine) -> FakeBackend:
-    assert isinstance(engine.backend, FakeBackend)
-    return engine.backend
 
 
 PROMPTS = ("The cat sat on", "Speculation must not", "x")

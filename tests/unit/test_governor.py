@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from draft_sources import SOURCE, AlwaysWrong, KnownAnswers, drafting, fake, request
 
 from reame_core.backend import fake as fake_module
 from reame_core.backend.base import Batch, equal_split_passes
@@ -36,9 +37,7 @@ from reame_core.engine.governor import (
     Governor,
     accepted_by_length,
 )
-from reame_core.hookspecs import hookimpl
-from reame_core.hooktypes import DraftProposal, DraftRequest
-from reame_core.plugins import PluginHost
+from reame_core.hooktypes import DraftProposal
 from reame_core.request import Event, FinishEvent, GenerationRequest, SamplingParams
 
 MakeEngine = Callable[..., Engine]
@@ -46,7 +45,6 @@ Reference = Callable[[FakeBackend, Sequence[int], int], list[int]]
 Tokenize = Callable[[str], list[int]]
 Drive = Callable[[Engine], None]
 
-SOURCE = "my-drafts"
 # A pass costs 40 tokens: verifying 8 drafts costs 1.2x a plain step.
 EXPENSIVE_PASS: dict[str, float] = {"step_cost_s": 0.004, "token_cost_s": 0.0001}
 # A pass costs nothing beyond its tokens: k drafts cost (1 + k)x a plain step.
@@ -59,60 +57,7 @@ PROMPTS = ("The cat sat on", "Speculation must not", "Once upon a time", "x")
 # -------------------------------------------------------------------- draft sources
 
 
-class KnownAnswers:
-    """Proposes the rest of an answer it knows; with `wrong_every`, every n-th token
-    of the answer is guessed wrong (a mostly-right source)."""
-
-    def __init__(self, answers: dict[tuple[int, ...], Sequence[int]], wrong_every: int = 0):
-        self.answers = answers
-        self.wrong_every = wrong_every
-
-    @hookimpl
-    def reame_propose_drafts(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]:
-        proposals = []
-        for request in requests:
-            answer = self.answers.get(tuple(request.seq.prompt_tokens), ())
-            done = len(request.seq.output_tokens)
-            if list(answer[:done]) != list(request.seq.output_tokens):
-                continue
-            guess = [
-                0 if self.wrong_every and (done + i + 1) % self.wrong_every == 0 else token
-                for i, token in enumerate(answer[done : done + request.max_tokens])
-            ]
-            if guess:
-                proposals.append(DraftProposal(request.seq, SOURCE, tuple(guess)))
-        return proposals
-
-
-class AlwaysWrong:
-    """Proposes NUL bytes, which the fake model never predicts; counts its calls."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    @hookimpl
-    def reame_propose_drafts(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]:
-        self.calls += 1
-        return [DraftProposal(r.seq, SOURCE, (0,) * r.max_tokens) for r in requests]
-
-
-def drafting(source: object) -> PluginHost:
-    """The source alone: the built-in prompt lookup would propose too."""
-    host = PluginHost(["prompt_lookup"], discover=False)
-    host.register(source, SOURCE)
-    return host
-
-
 # -------------------------------------------------------------------------- helpers
-
-
-def request(prompt: Sequence[int], **params: Any) -> GenerationRequest:
-    return GenerationRequest(list(prompt), SamplingParams(**params))
-
-
-def fake(engine: Engine) -> FakeBackend:
-    assert isinstance(engine.backend, FakeBackend)
-    return engine.backend
 
 
 def run(engine: Engine, drive: Drive, *requests: GenerationRequest) -> list[FinishEvent]:
