@@ -285,9 +285,10 @@ class Engine:
                 self._fail(item.seq.group, "the model could not decode this request")
             return
         elapsed = time.perf_counter() - started
-        self.governor.observe_decode(
-            [(item.seq.seq_id, len(item.tokens)) for item in planned], elapsed
-        )
+        if self._drafting:  # the governor prices drafts by what decodes cost
+            self.governor.observe_decode(
+                [(item.seq.seq_id, len(item.tokens)) for item in planned], elapsed
+            )
         self.stats.decode_steps += 1
         self.stats.decode_seconds += elapsed
         self.stats.batch_tokens += len(batch)

@@ -359,10 +359,8 @@ class Governor:
         `PROBE_BUDGET` of the decoding time; the wait before a probe is the backoff
         stretched to at least this. On a host where a short draft costs several plain
         steps, this is what keeps a useless source nearly free."""
-        n = self._decoding
-        plain = [(i, 1) for i in range(n)]
-        base = self.cost.seconds(self._passes(plain))
-        probe = self.cost.seconds(self._passes([(0, 1 + PROBE_TOKENS), *plain[1:]]))
+        base = self._step_seconds(drafting=0, k=0)
+        probe = self._step_seconds(drafting=1, k=PROBE_TOKENS)
         if base <= 0:
             return PROBE_EVERY
         return math.ceil(PROBE_DRAFTS * max(0.0, probe - base) / (PROBE_BUDGET * base))
@@ -371,22 +369,27 @@ class Governor:
         """Best expected speed-up from this source at the last step's number of decoding
         sequences: one of them drafting, or all of them (which may share a pass)."""
         n = self._decoding
-        base_layout = [(i, 1) for i in range(n)]
-        base_passes = self._passes(base_layout)
-        if not all(self.cost.covers(size) for size in base_passes):
+        if not all(self.cost.covers(size) for size in self._passes([(i, 1) for i in range(n)])):
             return None
-        base = self.cost.seconds(base_passes)
+        base = self._step_seconds(drafting=0, k=0)
         best = 0.0
         expected = accepted_by_length(state.rates(max(K_LADDER)))
         for k in K_LADDER:
             if k > self.draft_max:
                 break
             for drafting in {1, n}:
-                layout = [(i, 1 + k if i < drafting else 1) for i in range(n)]
-                seconds = self.cost.seconds(self._passes(layout)) + state.propose_seconds
+                seconds = self._step_seconds(drafting, k) + state.propose_seconds
                 tokens = n + drafting * expected[k]
                 best = max(best, (tokens / seconds) / (n / base))
         return best
+
+    def _step_seconds(self, drafting: int, k: int) -> float:
+        """Predicted time of a step of the last planned size in which the first `drafting`
+        sequences verify `k` draft tokens each."""
+        n = self._decoding
+        return self.cost.seconds(
+            self._passes([(i, 1 + k if i < drafting else 1) for i in range(n)])
+        )
 
     # ---------------------------------------------------------- reporting
 
