@@ -88,6 +88,7 @@ def start_runtime(
         prefill_chunk=settings.prefill_chunk,
         draft_max=settings.draft_max,
         speculate=settings.speculate,
+        adapt_threads=settings.adapt_threads,
         max_sessions=settings.max_sessions,
         exact_reuse=settings.deterministic,
     ).start()

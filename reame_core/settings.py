@@ -59,6 +59,11 @@ class Settings(BaseSettings):
         description="Per-sequence KV and no flash attention: a request's tokens do not "
         "depend on its batch neighbours or on cache hits.",
     )
+    adapt_threads: bool = Field(
+        True,
+        description="Decode with fewer threads while other processes keep the cores busy, "
+        "and with `threads` again once they are quiet.",
+    )
     speculate: Literal["auto", "on", "off"] = Field(
         "auto",
         description="Speculative decoding: auto lets the governor decide where it pays; on "

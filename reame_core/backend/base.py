@@ -99,6 +99,11 @@ class Backend(Protocol):
         """Replace the sequence's KV with a serialized state. False if refused."""
         ...
 
+    def set_threads(self, n_threads: int) -> None:
+        """Compute with `n_threads` CPU threads from the next decode on. The results do not
+        depend on the count: each output is computed whole by one thread."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -58,6 +58,7 @@ class FakeBackend:
         step_cost_s: float = 0.0,
         token_cost_s: float = 0.0,
         prefix_trim_safe: bool = True,
+        n_threads: int = 1,
         name: str = "fake",
     ) -> None:
         self.context = context
@@ -68,6 +69,7 @@ class FakeBackend:
         self.decode_calls = 0
         self.decoded_tokens = 0
         self.batch_sizes: list[int] = []
+        self.threads = n_threads
         self._rows: dict[tuple[int, ...], np.ndarray] = {}
         fingerprint = hashlib.sha256(
             f"{name}/{context}/{eos_every}/{n_ctx_seq}".encode()
@@ -89,6 +91,7 @@ class FakeBackend:
             chat_template=CHATML_TEMPLATE,
             prefix_trim_safe=prefix_trim_safe,
             kv_type="tokens",
+            n_threads=n_threads,
         )
 
     @property
@@ -205,6 +208,9 @@ class FakeBackend:
             return False
         self.kv[seq_id] = list(array("i", body))
         return True
+
+    def set_threads(self, n_threads: int) -> None:
+        self.threads = n_threads
 
     def close(self) -> None:
         self.kv.clear()

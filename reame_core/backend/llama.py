@@ -393,6 +393,9 @@ class LlamaBackend:
             return False
         return True
 
+    def set_threads(self, n_threads: int) -> None:
+        llama_cpp.llama_set_n_threads(self._ctx, n_threads, n_threads)
+
     def close(self) -> None:
         if self._ctx:
             llama_cpp.llama_batch_free(self._batch)

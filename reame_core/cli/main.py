@@ -68,6 +68,12 @@ def _engine_flags(parser: argparse.ArgumentParser, plugins: PluginHost | None) -
         "--no-deterministic: unified KV + flash attention, faster, not repeatable)",
     )
     group.add_argument(
+        "--adapt-threads",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="fewer threads while other processes keep the cores busy (default on)",
+    )
+    group.add_argument(
         "--speculate",
         choices=["auto", "on", "off"],
         help="speculative decoding (default auto: only where it pays)",
@@ -188,7 +194,7 @@ _MODEL_NAMES = (
 def settings_from(args: argparse.Namespace, **extra: Any) -> Settings:
     fields = (
         "threads", "ctx", "parallel", "kv_type", "cache_dir", "batch", "deterministic",
-        "disable_plugins",
+        "adapt_threads", "disable_plugins",
         "log_json", "log_prompts", "log_level", "host", "port", "api_keys", "api_key_file",
         "max_queue", "max_body_bytes", "cors_origins", "max_sessions", "speculate",
         "draft_max", "draft_model",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import queue
 import secrets
 import threading
@@ -26,6 +27,7 @@ import numpy as np
 import structlog
 
 from reame_core.backend.base import Backend, Batch, DecodeError
+from reame_core.engine.cpu_share import CpuShare
 from reame_core.engine.governor import Governor, Mode
 from reame_core.engine.sampler import TokenSampler
 from reame_core.engine.sequence import Phase, RequestGroup, Sequence
@@ -99,6 +101,8 @@ class Engine:
         speculate: Mode = "auto",
         max_sessions: int | None = None,
         exact_reuse: bool = True,
+        cpu_share: CpuShare | None = None,
+        adapt_threads: bool = True,
     ) -> None:
         self.backend = backend
         self.info = backend.info
@@ -112,8 +116,14 @@ class Engine:
             backend.passes,
             mode=speculate,
             draft_max=draft_max,
+            threads=backend.info.n_threads,
         )
         self.stats = EngineStats()
+        if cpu_share is None and adapt_threads:
+            cpu_share = CpuShare(self.info.n_threads, len(os.sched_getaffinity(0)))
+        self.cpu_share = cpu_share
+        if cpu_share is not None and cpu_share.active:
+            backend.set_threads(cpu_share.threads)  # an earlier engine may have changed it
         self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._waiting: deque[RequestGroup] = deque()
         self._groups: list[RequestGroup] = []
@@ -271,7 +281,21 @@ class Engine:
             self._decode(batch, planned)
         self._settle_groups()
         self._count_active()
+        self._fit_threads()
         return True
+
+    def _fit_threads(self) -> None:
+        """Decode with as many threads as the cores neighbours leave free (`CpuShare`)."""
+        threads = self.cpu_share.update() if self.cpu_share is not None else None
+        if threads is None:
+            return
+        self.backend.set_threads(threads)
+        self.governor.threads_changed(threads)
+        log.info(
+            "decoding threads changed",
+            threads=threads,
+            neighbours_cores=round(self.cpu_share.others, 2) if self.cpu_share else None,
+        )
 
     def _decode(self, batch: Batch, planned: list[_Planned]) -> None:
         """Decode one batch and hand each sequence its rows (valid until the next decode)."""

@@ -138,10 +138,12 @@ class Governor:
         *,
         mode: Mode = "auto",
         draft_max: int = 16,
+        threads: int = 1,
     ) -> None:
         self.mode = mode
         self.draft_max = draft_max
         self.cost = DecodeCost()
+        self._costs = {threads: self.cost}  # one curve per thread count (`threads_changed`)
         self.sources = {name: SourceState(name) for name in sources}
         self._passes = passes
         self._seqs: dict[tuple[int, str], Acceptance] = {}
@@ -304,6 +306,11 @@ class Governor:
         return accepted_by_length(rates)
 
     # ---------------------------------------------------------- learning
+
+    def threads_changed(self, threads: int) -> None:
+        """The backend now computes with `threads` threads: decodes cost what they cost
+        with that count (learned anew the first time, kept for when it comes back)."""
+        self.cost = self._costs.setdefault(threads, DecodeCost())
 
     def observe_decode(self, layout: Sequence[tuple[int, int]], seconds: float) -> None:
         self.cost.observe(self._passes(layout), seconds)

@@ -75,6 +75,17 @@ class EngineCollector(Collector):
         yield _gauge(
             "reame_requests_in_flight", "Requests accepted and not finished", self._state.in_flight
         )
+        share = runtime.engine.cpu_share
+        if share is not None and share.active:
+            yield _gauge("reame_decode_threads", "Threads decoding now", share.threads)
+            yield _gauge(
+                "reame_neighbour_cores",
+                "CPU taken from this process's cores by other processes and steal, in cores",
+                share.others,
+            )
+            yield _counter(
+                "reame_decode_thread_changes", "Times contention changed the threads", share.changes
+            )
         proposed = CounterMetricFamily(
             "reame_draft_tokens_proposed", "Draft tokens verified, by source", labels=["source"]
         )

@@ -1,0 +1,141 @@
+"""How many threads decoding should use right now, on cores shared with other processes.
+
+llama.cpp's threads meet at a barrier after every operation, hundreds of times per token. On
+a host where another process runs on one of the cores, the thread that reaches a barrier first
+spins while its partner waits for a turn on the busy core, and a token takes up to a hundred
+times longer (measured on 2 cores with one busy neighbour: 122 tok/s quiet, 0.9 tok/s with two
+threads, 82 tok/s with one). A thread count that fits the cores the neighbours leave free never
+waits for a descheduled partner.
+
+`CpuShare` watches how much CPU the rest of the host takes from this process's cores (other
+processes, and the hypervisor's steal time) and says how many threads to use: the configured
+count on a quiet host, fewer while neighbours are busy, back up once they are gone. It only
+measures and decides; the engine applies its answer between steps.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+# A neighbour taking more than this share of one core makes one thread fewer the faster
+# choice (measured on 2 cores: a neighbour busy 25% of the time still leaves two threads
+# ahead, one busy 50% of the time does not).
+DOWN_AT = 0.4
+# Hysteresis: threads come back only once the neighbours take clearly less than that.
+UP_AT = 0.25
+INTERVAL = 0.5  # seconds between measurements
+QUIET_WINDOWS = 2  # measurements in a row below UP_AT before a thread is added back
+STALE = 2.0  # a baseline older than this (an idle engine) is taken again, not used
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """Cumulative seconds at one instant: `busy` is CPU time spent on this process's cores by
+    everyone (steal included), `own` this process's share of it."""
+
+    wall: float
+    busy: float
+    own: float
+
+
+def read_cpu_times(stat: Path = Path("/proc/stat")) -> CpuTimes | None:
+    """The host's busy time on the cores this process may run on, from /proc/stat (Linux);
+    None where there is no such file."""
+    try:
+        lines = stat.read_text().splitlines()
+    except OSError:
+        return None
+    cpus = os.sched_getaffinity(0)
+    hz = os.sysconf("SC_CLK_TCK")
+    busy = 0
+    for line in lines:
+        name, _, rest = line.partition(" ")
+        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cpus:
+            continue
+        # user nice system idle iowait irq softirq steal [guest guest_nice]: guest time is
+        # already counted in user and nice.
+        fields = [int(value) for value in rest.split()[:8]]
+        busy += sum(fields) - fields[3] - fields[4]
+    return CpuTimes(wall=time.monotonic(), busy=busy / hz, own=time.process_time())
+
+
+class CpuShare:
+    """The thread count that fits the cores neighbours leave free, with hysteresis."""
+
+    def __init__(
+        self,
+        max_threads: int,
+        n_cpus: int,
+        read: Callable[[], CpuTimes | None] = read_cpu_times,
+        interval: float = INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_threads = max_threads
+        self.n_cpus = n_cpus
+        self.threads = max_threads
+        self.others = 0.0  # cores' worth of CPU the neighbours took in the last interval
+        self.changes = 0
+        self._read = read
+        self._clock = clock
+        self._interval = interval
+        self._quiet = 0
+        self._last = read() if max_threads > 1 else None
+
+    @property
+    def active(self) -> bool:
+        return self._last is not None
+
+    def update(self) -> int | None:
+        """Measure if an interval has passed; the new thread count if it changed, else None."""
+        # Called every step: look at the clock first, read /proc/stat once an interval.
+        if self._last is None or self._clock() - self._last.wall < self._interval:
+            return None
+        now = self._read()
+        if now is None:
+            return None
+        elapsed = now.wall - self._last.wall
+        last, self._last = self._last, now
+        if elapsed > STALE:
+            return None  # idle in between: what neighbours did then says little about now
+        self.others = max(0.0, (now.busy - last.busy) - (now.own - last.own)) / elapsed
+        wanted = self._wanted()
+        if wanted == self.threads:
+            return None
+        self.threads = wanted
+        self.changes += 1
+        return wanted
+
+    def _wanted(self) -> int:
+        down = self._fit(DOWN_AT)
+        if down < self.threads:
+            self._quiet = 0
+            return down
+        up = self._fit(UP_AT)
+        if up > self.threads:
+            self._quiet += 1
+            if self._quiet >= QUIET_WINDOWS:
+                self._quiet = 0
+                return self.threads + 1  # one at a time: each step up is measured again
+            return self.threads
+        self._quiet = 0
+        return self.threads
+
+    def _fit(self, tolerance: float) -> int:
+        """Threads that fit the free cores when a neighbour may take `tolerance` of one."""
+        free = math.floor(self.n_cpus - self.others + tolerance)
+        return max(1, min(self.max_threads, free))
+
+    def report(self) -> dict[str, float | int | bool]:
+        return {
+            "active": self.active,
+            "threads": self.threads,
+            "max_threads": self.max_threads,
+            "cpus": self.n_cpus,
+            "neighbours_cores": round(self.others, 3),
+            "changes": self.changes,
+        }
