@@ -30,7 +30,6 @@ DOWN_AT = 0.4
 UP_AT = 0.25
 INTERVAL = 0.5  # seconds between measurements
 QUIET_WINDOWS = 2  # measurements in a row below UP_AT before a thread is added back
-STALE = 2.0  # a baseline older than this (an idle engine) is taken again, not used
 
 
 @dataclass(frozen=True)
@@ -100,8 +99,6 @@ class CpuShare:
             return None
         elapsed = now.wall - self._last.wall
         last, self._last = self._last, now
-        if elapsed > STALE:
-            return None  # idle in between: what neighbours did then says little about now
         self.others = max(0.0, (now.busy - last.busy) - (now.own - last.own)) / elapsed
         wanted = self._wanted()
         if wanted == self.threads:
@@ -109,6 +106,13 @@ class CpuShare:
         self.threads = wanted
         self.changes += 1
         return wanted
+
+    def resume(self) -> None:
+        """The engine had nothing to do for a while: measure from now on, since what the
+        neighbours did meanwhile says little about the work ahead. (A long interval alone
+        means nothing: a step that collapsed beside a neighbour may take seconds.)"""
+        if self._last is not None:
+            self._last = self._read() or self._last
 
     def _wanted(self) -> int:
         down = self._fit(DOWN_AT)

@@ -231,7 +231,10 @@ class Engine:
 
     def _run(self) -> None:
         while not self._stopping:
-            self._take_inbox(block=not self.busy)
+            idle = not self.busy
+            self._take_inbox(block=idle)
+            if idle and self.cpu_share is not None:
+                self.cpu_share.resume()
             if self._stopping:
                 break
             try:

@@ -33,6 +33,9 @@ class Alternating:
         self.threads = 2
         self.changes = 0
 
+    def resume(self) -> None:
+        pass
+
     def update(self) -> int:
         self.threads = 3 - self.threads
         self.changes += 1

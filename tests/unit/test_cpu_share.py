@@ -115,9 +115,15 @@ def test_an_idle_gap_is_not_taken_for_the_present() -> None:
     host = Host()
     share = share_on(host)
     host.run(30.0, own=0.0, others=1.0)  # the engine slept while a neighbour ran
-    assert share.update() is None
-    assert share.threads == 2
+    share.resume()
     assert settle(share, host, others=0.0) == 2
+
+
+def test_one_long_collapsed_step_still_counts() -> None:
+    host = Host()
+    share = share_on(host)
+    host.run(3.5, own=2, others=1.0)  # a single step that took seconds beside a neighbour
+    assert share.update() == 1
 
 
 def test_the_update_reports_a_change_once() -> None:
