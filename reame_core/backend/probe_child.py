@@ -24,7 +24,9 @@ MARK = "reame-probe "
 # in them, not in the calling thread); no more, so the check costs the same on any host.
 THREADS = 2
 PROMPT = "The capital of France is Paris. The capital of Italy is"
-GENERATED = 4  # one-token decodes after the prompt: the matrix-vector path
+# Greedy tokens: the prompt's decode gives the first (matrix-matrix kernels), one-token
+# decodes the rest (matrix-vector kernels).
+GENERATED = 4
 
 # "load_tensors:   CPU_REPACK model buffer size =    27.00 MiB"
 _BUFFER = re.compile(r"(\S+) model buffer size\s*=\s*([0-9.]+) MiB")
