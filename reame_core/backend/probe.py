@@ -75,7 +75,11 @@ _SIGNALS = {
     "SIGSEGV": ("segmentation fault", "a crash inside llama.cpp"),
     "SIGFPE": ("arithmetic fault", "a crash inside llama.cpp"),
     "SIGABRT": ("abort", "llama.cpp stopped on a failed check of its own"),
+    "SIGKILL": ("killed", "by the kernel's out-of-memory killer, or by another process"),
+    "SIGTERM": ("terminated", "by another process"),
 }
+# The signals a build's own code dies of; the others come from outside and may not recur.
+_CRASHES = frozenset({"SIGILL", "SIGBUS", "SIGSEGV", "SIGFPE", "SIGABRT"})
 
 
 class ProbeAttempt(BaseModel):
@@ -141,9 +145,10 @@ class BuildVerdict(BaseModel):
 
     @property
     def settled(self) -> bool:
-        """Decoded or crashed: facts of the build and CPU, worth caching. A hang or an error
-        may come from the moment (a busy host, a missing file), so those are checked again."""
-        return all(attempt.outcome in ("ok", "signal") for attempt in self.attempts)
+        """Decoded or crashed: facts of the build and CPU, worth caching. A hang, an error or
+        a kill from outside may come from the moment (a busy host, a missing file, memory),
+        so those are checked again."""
+        return all(attempt.ok or attempt.signal in _CRASHES for attempt in self.attempts)
 
     def fact(self, name: str) -> Any:
         """A fact a child reported (the last attempt's that has it)."""

@@ -88,7 +88,7 @@ def _verdict_lines(verdict: BuildVerdict) -> list[str]:
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(verdict.checked_at))
     origin = f"cached, checked {when}" if verdict.cached else "checked just now"
     if not verdict.settled:
-        origin += " (not cached: a hang or an error may not happen again)"
+        origin += " (not cached: a hang, an error or a kill may not happen again)"
     lines = [_row("check", f"{origin}, with {Path(verdict.model).name}")]
     for attempt in verdict.attempts:
         lines.append(_row("", f"{_load_name(attempt)}: {attempt.describe()}"))

@@ -39,6 +39,12 @@ DIES_WITH_SIGBUS_IN_LOAD = _REPORT + textwrap.dedent("""
     say(stage="load")
     os.kill(os.getpid(), signal.SIGBUS)
 """)
+KILLED_IN_LOAD = _REPORT + textwrap.dedent("""
+    import os, signal
+    say(stage="import")
+    say(stage="load")
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
 HANGS_IN_DECODE = _REPORT + textwrap.dedent("""
     import time
     say(stage="import")

@@ -17,6 +17,7 @@ from fake_children import (
     DIES_WITH_SIGILL_IN_DECODE,
     FAILS_IN_DECODE,
     HANGS_IN_DECODE,
+    KILLED_IN_LOAD,
     FakeChildren,
     InstallChildren,
     install_children,
@@ -245,6 +246,15 @@ def test_a_hang_is_not_cached(tmp_path: Path) -> None:
     check(children, tmp_path, timeout=1.0)
 
     check(children, tmp_path, timeout=1.0)
+
+    assert children.started == [True, False, True, False]
+
+
+def test_a_kill_from_outside_is_not_cached(tmp_path: Path) -> None:
+    children = FakeChildren(KILLED_IN_LOAD)
+    check(children, tmp_path)
+
+    check(children, tmp_path)
 
     assert children.started == [True, False, True, False]
 
