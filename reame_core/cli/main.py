@@ -1,5 +1,5 @@
-"""The `reame` command: run, serve, pull, ls, rm, config, plugins, speculation, and the
-commands plugins add.
+"""The `reame` command: run, serve, pull, ls, rm, config, doctor, plugins, speculation, and
+the commands plugins add.
 
 Flags are turned into `Settings` overrides (flags win over env and the config file); the
 subcommands then start the same runtime the server uses. Plugins add flags for their own
@@ -165,6 +165,19 @@ def build_parser(plugins: PluginHost | None = None) -> argparse.ArgumentParser:
     config.add_argument("model", nargs="?", help=f"model (default {DEFAULT_MODEL})")
     _engine_flags(config, plugins)
 
+    doctor = commands.add_parser(
+        "doctor",
+        help="the llama.cpp build, this CPU, and whether they run together",
+        description="Print the llama.cpp build's features, the CPU's, the build check's "
+        "verdict and the buffer types the model weights go to. Exits 1 if the build "
+        "cannot run on this CPU.",
+    )
+    doctor.add_argument("model", nargs="?", help=f"model (default {DEFAULT_MODEL})")
+    doctor.add_argument(
+        "--recheck", action="store_true", help="check the build again, ignoring the cached verdict"
+    )
+    _settings_flags(doctor, plugins)
+
     listing = commands.add_parser("plugins", help="list plugins and the hooks they implement")
     _engine_flags(listing, plugins)
 
@@ -275,6 +288,10 @@ def _model_command(args: argparse.Namespace, settings: Settings) -> int:
         from reame_core.cli.config import config_command
 
         return config_command(settings, sys.stdout)
+    if args.command == "doctor":
+        from reame_core.cli.doctor import doctor_command
+
+        return doctor_command(settings, sys.stdout, recheck=args.recheck)
     from reame_core.cli.plugins import plugins_command
 
     return plugins_command(settings)

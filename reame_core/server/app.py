@@ -1,11 +1,13 @@
 """`reame serve`: the Litestar application and its startup.
 
-The HTTP server comes up at once and loads the model in the background: /health answers
-503 until the engine is ready, then 200. Bearer auth guards every route but /health.
+Once the llama.cpp build is known to run on this CPU (the build check, cached after the
+first start), the HTTP server comes up and loads the model in the background: /health
+answers 503 until the engine is ready, then 200. Bearer auth guards every route but /health.
 """
 
 from __future__ import annotations
 
+import functools
 import hmac
 import threading
 from typing import Any
@@ -21,6 +23,7 @@ from litestar.handlers.base import BaseRouteHandler
 from litestar.openapi import OpenAPIConfig
 
 from reame_core import __version__
+from reame_core.backend.probe import ensure_build_runs
 from reame_core.runtime import Runtime, start_runtime
 from reame_core.server.errors import EXCEPTION_HANDLERS
 from reame_core.server.metrics import ServerMetrics
@@ -97,9 +100,12 @@ def load_in_background(
 
 
 def serve(settings: Settings) -> int:
+    # Before the port opens: a llama.cpp build that cannot run on this CPU stops Reame with
+    # one message instead of a server that never turns healthy (cached after the first start).
+    build = ensure_build_runs(settings)
     server = ServerState(settings, api_keys=settings.all_api_keys())
     app = create_app(server)
-    load_in_background(server)
+    load_in_background(server, functools.partial(start_runtime, build=build))
     log.info(
         "serving",
         url=f"http://{settings.host}:{settings.port}",

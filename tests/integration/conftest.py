@@ -2,12 +2,14 @@
 
 Loading a model takes about half a second, so backends live for the whole session (or a
 module) and each test gets a fresh engine on one. Every test here is marked `model`; the
-Gemma tests also carry `gemma`.
+Gemma tests also carry `gemma`. Before any of them, the build check (reame_core/backend/probe.py)
+makes sure llama.cpp can decode on this CPU, and the models load the way Reame would load them.
 """
 
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,10 +18,13 @@ import pytest
 
 from reame_core.backend.base import Backend
 from reame_core.backend.llama import LlamaBackend
+from reame_core.backend.probe import BuildVerdict, ensure_build_runs
 from reame_core.engine.engine import Engine
 from reame_core.engine.governor import Mode
+from reame_core.errors import BuildCannotRunError
 from reame_core.models import resolve_model
 from reame_core.request import Event, FinishEvent, GenerationRequest
+from reame_core.settings import Settings
 
 HERE = Path(__file__).parent
 
@@ -45,11 +50,42 @@ def gemma_path() -> Path:
     return Path(package.assemble())
 
 
+@pytest.fixture(scope="session", autouse=True)
+def build_check(private_cache_home: None) -> BuildVerdict:
+    """The llama.cpp build decodes on this CPU, or the whole suite stops here, loudly, with
+    the reason and the fix: neither skipped tests nor a SIGILL that takes pytest down."""
+    try:
+        verdict = ensure_build_runs(Settings())
+    except BuildCannotRunError as error:
+        pytest.exit(
+            f"the real-model tests cannot run: {error}", returncode=pytest.ExitCode.TESTS_FAILED
+        )
+    if verdict.fell_back:
+        warnings.warn(
+            f"llama.cpp's default load crashes on this CPU, so the real-model tests load "
+            f"without extra buffer types, as Reame does: {verdict.summary()}",
+            stacklevel=1,
+        )
+    return verdict
+
+
 @pytest.fixture(scope="session")
-def backend(smollm2_path: Path) -> Iterator[LlamaBackend]:
+def use_extra_bufts(build_check: BuildVerdict) -> bool:
+    """How the tests load models: the way Reame would with this build on this CPU."""
+    return build_check.use_extra_bufts
+
+
+@pytest.fixture(scope="session")
+def backend(smollm2_path: Path, use_extra_bufts: bool) -> Iterator[LlamaBackend]:
     """SmolLM2 in the deterministic configuration: per-sequence KV, no flash attention."""
     backend = LlamaBackend(
-        smollm2_path, n_ctx_seq=1024, n_seq_max=8, n_batch=512, n_threads=2, deterministic=True
+        smollm2_path,
+        n_ctx_seq=1024,
+        n_seq_max=8,
+        n_batch=512,
+        n_threads=2,
+        deterministic=True,
+        use_extra_bufts=use_extra_bufts,
     )
     yield backend
     backend.close()

@@ -24,9 +24,15 @@ BLOCK = 256
 
 
 @pytest.fixture(scope="module")
-def gemma(gemma_path: Path) -> Iterator[LlamaBackend]:
+def gemma(gemma_path: Path, use_extra_bufts: bool) -> Iterator[LlamaBackend]:
     backend = LlamaBackend(
-        gemma_path, n_ctx_seq=2048, n_seq_max=2, n_batch=512, n_threads=2, deterministic=True
+        gemma_path,
+        n_ctx_seq=2048,
+        n_seq_max=2,
+        n_batch=512,
+        n_threads=2,
+        deterministic=True,
+        use_extra_bufts=use_extra_bufts,
     )
     yield backend
     backend.close()

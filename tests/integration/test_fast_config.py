@@ -26,9 +26,15 @@ MAX_TOKENS = 48
 
 
 @pytest.fixture(scope="module")
-def fast_backend(smollm2_path: Path) -> Iterator[LlamaBackend]:
+def fast_backend(smollm2_path: Path, use_extra_bufts: bool) -> Iterator[LlamaBackend]:
     backend = LlamaBackend(
-        smollm2_path, n_ctx_seq=1024, n_seq_max=8, n_batch=512, n_threads=2, deterministic=False
+        smollm2_path,
+        n_ctx_seq=1024,
+        n_seq_max=8,
+        n_batch=512,
+        n_threads=2,
+        deterministic=False,
+        use_extra_bufts=use_extra_bufts,
     )
     yield backend
     backend.close()

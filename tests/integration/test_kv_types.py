@@ -19,7 +19,7 @@ PROMPT = " ".join(
 
 
 @pytest.fixture(scope="module")
-def quantized_keys(smollm2_path: Path) -> Iterator[LlamaBackend]:
+def quantized_keys(smollm2_path: Path, use_extra_bufts: bool) -> Iterator[LlamaBackend]:
     backend = LlamaBackend(
         smollm2_path,
         n_ctx_seq=1024,
@@ -28,6 +28,7 @@ def quantized_keys(smollm2_path: Path) -> Iterator[LlamaBackend]:
         n_threads=2,
         deterministic=True,
         type_k="q8_0",
+        use_extra_bufts=use_extra_bufts,
     )
     yield backend
     backend.close()

@@ -54,8 +54,15 @@ def smollm2_q8(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 @pytest.fixture(scope="module")
-def q8_backend(smollm2_q8: Path) -> Iterator[LlamaBackend]:
-    backend = LlamaBackend(smollm2_q8, n_ctx_seq=1024, n_seq_max=4, n_batch=512, n_threads=2)
+def q8_backend(smollm2_q8: Path, use_extra_bufts: bool) -> Iterator[LlamaBackend]:
+    backend = LlamaBackend(
+        smollm2_q8,
+        n_ctx_seq=1024,
+        n_seq_max=4,
+        n_batch=512,
+        n_threads=2,
+        use_extra_bufts=use_extra_bufts,
+    )
     yield backend
     backend.close()
 

@@ -1,0 +1,152 @@
+"""The build check's child process: load a model with llama.cpp and decode a few tokens.
+
+Run as ``python -m reame_core.backend.probe_child MODEL [--no-extra-bufts]`` by
+`reame_core.backend.probe`, never in Reame's own process: llama.cpp may kill this one with
+SIGILL, SIGBUS or SIGSEGV, or hang in it, and finding that out is its whole job. So it
+reports each step on stdout as it reaches it (one JSON object a line after `MARK`, flushed),
+and the parent knows how far it got however it ends. It imports nothing of Reame's beyond
+this module and stays small: the first start on a new build or CPU waits for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import re
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+MARK = "reame-probe "
+# At least two threads, so that ggml's worker threads run kernels too (the AMX crash happens
+# in them, not in the calling thread); no more, so the check costs the same on any host.
+THREADS = 2
+PROMPT = "The capital of France is Paris. The capital of Italy is"
+# Greedy tokens: the prompt's decode gives the first (matrix-matrix kernels), one-token
+# decodes the rest (matrix-vector kernels).
+GENERATED = 4
+
+# "load_tensors:   CPU_REPACK model buffer size =    27.00 MiB"
+_BUFFER = re.compile(r"(\S+) model buffer size\s*=\s*([0-9.]+) MiB")
+# "repack: repack tensor blk.0.attn_q.weight with q4_0_8x8" (debug level)
+_REPACK = re.compile(r"repack tensor \S+ with (\S+)")
+
+
+def say(**facts: Any) -> None:
+    """Tell the parent a step or a fact, at once (the next instruction may kill us)."""
+    sys.stdout.write(MARK + json.dumps(facts) + "\n")
+    sys.stdout.flush()
+
+
+class LoadLog:
+    """llama.cpp's log lines, kept to read which buffer types the weights went to.
+
+    llama.cpp keeps a raw pointer to the callback, so this object must outlive the model.
+    Warnings and errors also go to stderr, where the parent reads why a load failed.
+    """
+
+    def __init__(self) -> None:
+        import llama_cpp
+
+        self.text: list[str] = []
+        self.callback = llama_cpp.llama_log_callback(self._receive)
+
+    def _receive(self, level: int, text: bytes | None, _user_data: ctypes.c_void_p) -> None:
+        line = (text or b"").decode("utf-8", "replace")
+        self.text.append(line)
+        if level in (3, 4):  # ggml's warn and error levels
+            sys.stderr.write(line)
+
+    def buffers(self) -> dict[str, float]:
+        """MiB of weights per buffer type (CPU_Mapped, CPU_REPACK, AMX, ...)."""
+        sizes: dict[str, float] = {}
+        for name, mib in _BUFFER.findall("".join(self.text)):
+            sizes[name] = sizes.get(name, 0.0) + float(mib)
+        return sizes
+
+    def repacked(self) -> dict[str, int]:
+        """Tensors per repacked layout (q4_0_8x8, ...), when llama.cpp logs them."""
+        return dict(Counter(_REPACK.findall("".join(self.text))))
+
+
+def _no_core_dumps() -> None:
+    # A crash here is an expected answer, not something to keep a core file of.
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return
+    _soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, hard))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m reame_core.backend.probe_child")
+    parser.add_argument("model", help="GGUF file to load")
+    parser.add_argument(
+        "--no-extra-bufts",
+        dest="extra_bufts",
+        action="store_false",
+        help="load with use_extra_bufts=False (no CPU_REPACK or AMX weight buffers)",
+    )
+    args = parser.parse_args(argv)
+    _no_core_dumps()
+
+    say(stage="import")
+    import llama_cpp
+    import numpy as np
+
+    log = LoadLog()
+    llama_cpp.llama_log_set(log.callback, ctypes.c_void_p(0))
+    llama_cpp.llama_backend_init()
+    say(system_info=bytes(llama_cpp.llama_print_system_info()).decode(errors="replace"))
+
+    say(stage="load")
+    model_params = llama_cpp.llama_model_default_params()
+    model_params.use_extra_bufts = args.extra_bufts
+    model = llama_cpp.llama_model_load_from_file(args.model.encode(), model_params)
+    if not model:
+        raise SystemExit(f"llama.cpp could not load {args.model}")
+    ctx_params = llama_cpp.llama_context_default_params()
+    ctx_params.n_ctx = 256
+    ctx_params.n_batch = 64
+    ctx_params.n_ubatch = 64
+    ctx_params.n_seq_max = 1
+    ctx_params.n_threads = THREADS
+    ctx_params.n_threads_batch = THREADS
+    ctx_params.no_perf = True
+    ctx = llama_cpp.llama_init_from_model(model, ctx_params)
+    if not ctx:
+        raise SystemExit(f"llama.cpp could not create a context for {args.model}")
+    say(buffers=log.buffers(), repacked=log.repacked())
+
+    say(stage="decode")
+    vocab = llama_cpp.llama_model_get_vocab(model)
+    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+    text = PROMPT.encode()
+    prompt = (llama_cpp.llama_token * (len(text) + 8))()
+    n_prompt = llama_cpp.llama_tokenize(vocab, text, len(text), prompt, len(prompt), True, False)
+    if n_prompt <= 1:
+        raise SystemExit(f"llama.cpp tokenized the check's prompt into {n_prompt} tokens")
+    batch, generated = llama_cpp.llama_batch_get_one(prompt, n_prompt), []
+    for _ in range(GENERATED):
+        status = llama_cpp.llama_decode(ctx, batch)
+        if status != 0:
+            raise SystemExit(f"llama_decode returned {status}")
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
+        if not np.isfinite(logits).all():
+            raise SystemExit("llama_decode gave logits that are not finite numbers")
+        token = int(np.argmax(logits))
+        generated.append(token)
+        single = (llama_cpp.llama_token * 1)(token)
+        batch = llama_cpp.llama_batch_get_one(single, 1)
+    say(stage="done", tokens=generated)
+
+    llama_cpp.llama_free(ctx)
+    llama_cpp.llama_model_free(model)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

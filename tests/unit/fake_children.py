@@ -1,0 +1,94 @@
+"""Fake children for the build check, shared by its tests and the doctor's.
+
+Each script reports steps the way the real child does (`probe_child.say`), then decodes,
+dies by a signal, hangs or fails. `FakeChildren` stands in for `probe.child_command`, and
+the `children` fixture installs it for code that starts its own children.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from reame_core.backend import probe
+
+_REPORT = "from reame_core.backend.probe_child import say\n"
+DECODES = _REPORT + textwrap.dedent("""
+    say(stage="import")
+    say(system_info="CPU : AVX2 = 1 | AVX512 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | ")
+    say(stage="load")
+    say(buffers={"CPU_Mapped": 98.0, "CPU_REPACK": 27.0}, repacked={})
+    say(stage="decode")
+    say(stage="done", tokens=[11, 12, 13, 14])
+""")
+DIES_WITH_SIGILL_IN_DECODE = _REPORT + textwrap.dedent("""
+    import os, signal
+    say(stage="import")
+    say(stage="load")
+    say(buffers={"AMX": 95.0})
+    say(stage="decode")
+    os.kill(os.getpid(), signal.SIGILL)
+""")
+DIES_WITH_SIGBUS_IN_LOAD = _REPORT + textwrap.dedent("""
+    import os, signal
+    say(stage="import")
+    say(stage="load")
+    os.kill(os.getpid(), signal.SIGBUS)
+""")
+KILLED_IN_LOAD = _REPORT + textwrap.dedent("""
+    import os, signal
+    say(stage="import")
+    say(stage="load")
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+HANGS_IN_DECODE = _REPORT + textwrap.dedent("""
+    import time
+    say(stage="import")
+    say(stage="load")
+    say(stage="decode")
+    time.sleep(120)
+""")
+FAILS_IN_DECODE = _REPORT + textwrap.dedent("""
+    say(stage="import")
+    say(stage="load")
+    say(stage="decode")
+    raise SystemExit("llama_decode returned -3")
+""")
+
+
+class FakeChildren:
+    """Stands in for `probe.child_command`: one script for the default load, one for the
+    load without extra buffer types; records every child started."""
+
+    def __init__(self, default: str, without_extra_bufts: str | None = None) -> None:
+        self.scripts = {True: default, False: without_extra_bufts or default}
+        self.started: list[bool] = []
+
+    def __call__(self, extra_bufts: bool) -> list[str]:
+        self.started.append(extra_bufts)
+        return [sys.executable, "-c", self.scripts[extra_bufts]]
+
+    def for_model(self, _model: Path) -> FakeChildren:
+        return self
+
+
+InstallChildren = Callable[..., FakeChildren]
+
+
+def install_children(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> InstallChildren:
+    """A function that installs fake children for the code that starts its own (runtime,
+    CLI, doctor); the check then loads a model file of its own, not the embedded package's."""
+    embedded = tmp_path / "embedded.gguf"
+    embedded.write_bytes(b"GGUF")
+    monkeypatch.setattr(probe, "probe_model", lambda _settings: embedded)
+
+    def install(default: str, without_extra_bufts: str | None = None) -> FakeChildren:
+        fake = FakeChildren(default, without_extra_bufts)
+        monkeypatch.setattr(probe, "child_command", fake.for_model)
+        return fake
+
+    return install
