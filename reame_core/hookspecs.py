@@ -93,6 +93,13 @@ def reame_generation_finished(seq: SequenceView, finish_reason: str, text: str) 
 
 
 @hookspec
+def reame_threads_changed(threads: int) -> None:
+    """The engine decodes with `threads` CPU threads from now on: other processes took cores
+    or gave them back. A plugin that computes with llama.cpp contexts of its own (a draft
+    model) uses as many, or its threads stall each other beside the busy neighbours too."""
+
+
+@hookspec
 def reame_shutdown() -> None:
     """The engine is stopping: flush and close what the plugin holds."""
 

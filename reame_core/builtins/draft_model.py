@@ -126,6 +126,11 @@ class DraftModel:
             self._free.append(mirror.seq_id)
 
     @hookimpl
+    def reame_threads_changed(self, threads: int) -> None:
+        if self.backend is not None:
+            self.backend.set_threads(threads)
+
+    @hookimpl
     def reame_shutdown(self) -> None:
         if self.backend is not None:
             self.backend.close()

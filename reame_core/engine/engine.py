@@ -294,6 +294,7 @@ class Engine:
             return
         self.backend.set_threads(threads)
         self.governor.threads_changed(threads)
+        self.hook.reame_threads_changed(threads=threads)
         log.info(
             "decoding threads changed",
             threads=threads,

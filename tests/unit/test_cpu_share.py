@@ -9,6 +9,8 @@ import pytest
 from reame_core.backend.fake import FakeBackend
 from reame_core.engine.cpu_share import CpuShare, CpuTimes, read_cpu_times
 from reame_core.engine.engine import Engine
+from reame_core.hookspecs import hookimpl
+from reame_core.plugins import PluginHost
 from reame_core.request import GenerationRequest, SamplingParams
 
 
@@ -211,3 +213,24 @@ def test_the_governor_keeps_a_decode_cost_curve_per_thread_count() -> None:
     assert governor.cost is two
     governor.threads_changed(1)
     assert governor.cost is one
+
+
+def test_plugins_with_llama_contexts_of_their_own_hear_the_new_thread_count() -> None:
+    heard: list[int] = []
+
+    class DraftContext:
+        @hookimpl
+        def reame_threads_changed(self, threads: int) -> None:
+            heard.append(threads)
+
+    plugins = PluginHost(discover=False)
+    plugins.register(DraftContext(), "draft-context")
+    host = Host()
+    engine = Engine(FakeBackend(n_threads=2), plugins, cpu_share=share_on(host), speculate="off")
+    engine.submit(
+        GenerationRequest([1, 5, 6], SamplingParams(max_tokens=4, ignore_eos=True)),
+        lambda event: None,
+    )
+    host.run(0.5, own=2, others=1.0)
+    engine.step()
+    assert heard == [1]
