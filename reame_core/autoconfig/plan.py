@@ -146,13 +146,15 @@ def plan_host(settings: Settings, facts: HostFacts, shape: ModelShape) -> HostPl
 
 
 def _threads(settings: Settings, facts: HostFacts) -> Choice[int]:
+    # The engine's CpuShare lowers the count while other processes keep the cores busy.
+    adapts = "; fewer while other processes keep the cores busy" if settings.adapt_threads else ""
     if settings.threads:
-        return Choice(settings.threads, "set in the settings", explicit=True)
+        return Choice(settings.threads, "set in the settings" + adapts, explicit=True)
     cores = facts.physical_cores
     why = f"{cores} physical core{'s' if cores != 1 else ''}"
     if facts.logical_cpus > cores:
         why += f" ({facts.logical_cpus} logical CPUs: SMT siblings add nothing to decoding)"
-    return Choice(cores, why)
+    return Choice(cores, why + (adapts if cores > 1 else ""))
 
 
 def _batch(settings: Settings, facts: HostFacts, shape: ModelShape, ctx: int) -> Choice[int]:

@@ -79,7 +79,9 @@ def test_smt_siblings_count_as_one_core() -> None:
 def test_the_explanation_says_why_in_one_line_per_value() -> None:
     lines = dict(plan(host(cores=2), SMOLLM2).explain())
 
-    assert lines["threads"] == "2: 2 physical cores"
+    assert (
+        lines["threads"] == "2: 2 physical cores; fewer while other processes keep the cores busy"
+    )
     assert set(lines) >= {"ctx", "parallel", "batch", "kv_type", "flash_attn", "memory"}
 
 
