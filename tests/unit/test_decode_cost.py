@@ -70,6 +70,26 @@ def test_fake_decode_charges_step_cost_per_pass_and_token_cost_per_token(
     assert slept == [pytest.approx(0.5 + 2 * 0.01), pytest.approx(2 * 0.5 + 4 * 0.01)]
 
 
+def test_fake_decode_charges_more_for_a_pass_whose_sequences_carry_several_tokens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(fake_module.time, "sleep", slept.append)
+    backend = FakeBackend(step_cost_s=0.5, multi_token_cost_s=0.25)
+    one_each = Batch()
+    one_each.add(1, 0, 0, True)
+    one_each.add(1, 0, 1, True)
+    apart = Batch()  # passes: one token of each sequence, then two more of seq 1
+    apart.add(2, 1, 0, True)
+    for position in range(1, 4):
+        apart.add(2, position, 1, True)
+
+    backend.decode(one_each)
+    backend.decode(apart)
+
+    assert slept == [pytest.approx(0.5), pytest.approx(2 * 0.5 + 0.25)]
+
+
 # ------------------------------------------------------------------------- cost curve
 
 
