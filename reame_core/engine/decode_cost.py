@@ -66,6 +66,15 @@ class DecodeCost:
         """Estimated time of a decode made of `passes`."""
         return sum(self.pass_seconds(n) for n in passes)
 
+    def prompt_share(self) -> float:
+        """What one token of the largest measured pass costs next to a one-token decode:
+        about the prompt rate's share of the decode rate (1.0 until both are measured)."""
+        sizes = self._sizes
+        if len(sizes) < 2 or sizes[0] != 1 or sizes[-1] < 8:
+            return 1.0
+        largest = sizes[-1]
+        return min(1.0, self._seconds[largest] / largest / self._seconds[1])
+
     def curve(self) -> dict[int, float]:
         """Measured pass sizes and their average seconds (for reports)."""
         return {size: self._seconds[size] for size in self._sizes}

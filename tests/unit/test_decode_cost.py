@@ -181,3 +181,19 @@ def test_sizes_up_to_32_are_kept_apart_and_larger_sizes_share_buckets() -> None:
     cost.observe([47], 0.5)
 
     assert cost.curve() == {31: 0.1, 32: 0.2, 40: pytest.approx(0.4)}  # median of 0.3, 0.5
+
+
+def test_prompt_share_is_a_token_of_the_largest_pass_next_to_a_one_token_decode() -> None:
+    cost = DecodeCost()
+    cost.observe([1], 0.010)
+    cost.observe([128], 0.320)
+
+    assert cost.prompt_share() == pytest.approx(0.25)
+
+
+def test_prompt_share_is_one_until_a_large_pass_is_measured() -> None:
+    cost = DecodeCost()
+    cost.observe([1], 0.010)
+    cost.observe([2], 0.018)
+
+    assert cost.prompt_share() == 1.0
