@@ -12,7 +12,6 @@ before trying it. Decode steps teach it small n, prompt chunks large n.
 from __future__ import annotations
 
 import bisect
-import statistics
 from collections import deque
 from collections.abc import Iterable
 
@@ -34,7 +33,7 @@ class DecodeCost:
             bisect.insort(self._sizes, size)
             recent = self._recent[size] = deque(maxlen=self.window)
         recent.append(seconds)
-        self._seconds[size] = statistics.median(recent)
+        self._seconds[size] = median(recent)
 
     def covers(self, n: int) -> bool:
         """Whether a pass of `n` tokens is priced from measurements of that size or smaller
@@ -78,6 +77,15 @@ class DecodeCost:
     def curve(self) -> dict[int, float]:
         """Measured pass sizes and their average seconds (for reports)."""
         return {size: self._seconds[size] for size in self._sizes}
+
+
+def median(values: Iterable[float]) -> float:
+    """The median of a few values, cheaply: it runs every decode step."""
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def _bucket(n: int) -> int:

@@ -57,6 +57,8 @@ PROBE_TOKENS = 4  # tokens asked of a probe
 PROBE_EVERY = 8  # steps before a request probes a source shown not to pay (doubling)
 PROBE_MAX = 4096
 SHADOWS_MAX = 32  # shadow drafts pending per request
+IDLE_CALLS = 64  # a cheap source that offered nothing this many calls running is asked
+# only every IDLE_CALLS steps (the draft model hook with no draft model loaded)
 
 
 @dataclass
@@ -72,6 +74,7 @@ class SourceState:
     cost: ProposeCost = field(default_factory=ProposeCost)
     calls: int = 0
     propose_seconds: float = 0.0  # all its propose calls
+    idle: int = 0  # calls in a row that offered nothing
     probes: int = 0  # calls made only to learn, not because they were expected to pay
     probe_seconds: float = 0.0
     credit: float = 0.0  # seconds it may still spend probing (< 0: repaid by decoding)
@@ -148,6 +151,7 @@ class Governor:
         self._rates_now: dict[tuple[int, str], list[float]] = {}  # this step's, by request
         self._calls: dict[str, _Call] = {}
         self._by_id: dict[int, EngineSequence] = {}  # this step's decoding sequences
+        self._order: tuple[int, list[str]] = (0, list(self.sources))  # (step, cheapest first)
 
     # ------------------------------------------------------------- asking
 
@@ -184,13 +188,13 @@ class Governor:
         return requests
 
     def ordered(self) -> list[str]:
-        """Source names, cheapest to ask first: a dear source is asked only where the
-        cheaper ones offer less than it would bring."""
-        weight = self.cost.prompt_share()
-        return sorted(
-            self.sources,
-            key=lambda name: self.sources[name].cost.predict(self.draft_max, 1, weight),
-        )
+        """Source names, cheapest to ask first (sorted anew every 16 steps): a dear source
+        is asked only where the cheaper ones offer less than it would bring."""
+        since, order = self._order
+        if self._step - since >= 16:
+            order = sorted(self.sources, key=lambda name: self.sources[name].cost.typical())
+            self._order = (self._step, order)
+        return order
 
     def ask(
         self, source: str, requests: Sequence[DraftRequest], offered: Sequence[DraftProposal]
@@ -201,16 +205,16 @@ class Governor:
         expected to pay, its propose time included, better than the `offered` proposals of
         the sources asked before it; and those for which a probe is due."""
         state = self.sources[source]
+        base = self._base
+        priced = base is not None and state.cost.known
+        if priced and base is not None and state.cost.typical() <= PROBE_BUDGET * base:
+            if state.idle >= IDLE_CALLS and self._step % IDLE_CALLS:
+                return []
+            self._calls[source] = _Call({}, probe=False)
+            return list(requests)
         weight = self.cost.prompt_share()
         seqs = [self._by_id[id(request.seq)] for request in requests]
         behind = {id(seq): self._behind(seq, self._own(seq, source)) for seq in seqs}
-        base = self._base
-        priced = base is not None and state.cost.known
-        if priced and base is not None:
-            longest = max(request.max_tokens for request in requests)
-            if state.cost.predict(longest, sum(behind.values()), weight) <= PROBE_BUDGET * base:
-                self._calls[source] = _Call(behind, probe=False)
-                return list(requests)
         rivals = self._rival_gains(offered) if priced else {}
         asked: list[DraftRequest] = []
         merit = False
@@ -270,8 +274,11 @@ class Governor:
             state.probes += 1
             state.probe_seconds += seconds
             state.credit -= seconds
+        state.idle = 0 if proposals else state.idle + 1
         drafted = max((len(p.tokens) for p in proposals), default=0)
         state.cost.observe(seconds, drafted, sum(call.caught_up.values()))
+        if not call.caught_up:  # a cheap source: what it has read costs nothing to track
+            return
         by_seq = {id(p.seq): p.tokens for p in proposals}
         for request in asked:
             seq = self._by_id[id(request.seq)]
@@ -388,6 +395,8 @@ class Governor:
         if base is None or base <= 0 or limit <= 0:
             return 0, 0.0
         n = self._decoding
+        if (n + expected[limit]) / self._drafting_seconds(1) * base / n <= 1.0:
+            return 0, 0.0  # even all its tokens at the price of one would not pay
         best_k, best = 0, 0.0
         for k in (*(k for k in K_LADDER if k < limit), limit):
             seconds = self._drafting_seconds(k) + (propose(k) if propose else 0.0)

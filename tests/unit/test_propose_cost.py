@@ -46,3 +46,11 @@ def test_one_slow_call_among_usual_ones_changes_nothing() -> None:
     cost.observe(10 * timed(16, 1), drafted=16, caught_up=1)
 
     assert cost.predict(16, 1, WEIGHT) == pytest.approx(timed(16, 1))
+
+
+def test_what_calls_take_lately_is_their_median_whatever_they_were_asked() -> None:
+    cost = ProposeCost()
+    for drafted in (0, 16, 3, 16, 0):  # a lookup whose time does not depend on its answer
+        cost.observe(0.00002, drafted=drafted, caught_up=1)
+
+    assert cost.typical() == pytest.approx(0.00002)
