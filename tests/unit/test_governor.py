@@ -36,6 +36,7 @@ from reame_core.backend.fake import FakeBackend
 from reame_core.engine import engine as engine_module
 from reame_core.engine.engine import Engine
 from reame_core.engine.governor import PROBE_BUDGET, PROBE_EVERY, Governor
+from reame_core.hookspecs import hookimpl
 from reame_core.hooktypes import DraftProposal, DraftRequest
 from reame_core.request import Event, FinishEvent, GenerationRequest, SamplingParams
 
@@ -202,6 +203,29 @@ def test_auto_does_not_speculate_where_each_token_costs_as_much_as_a_pass(
 
     # A draft of k tokens costs k more steps' worth, and the cost curve says so.
     assert engine.governor.sources[SOURCE].drafts == 0
+
+
+class Silent:
+    """A source with nothing to offer (the draft-model hook with no draft model loaded)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    @hookimpl
+    def reame_propose_drafts(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]:
+        self.calls += 1
+        return []
+
+
+def test_a_source_that_offers_nothing_is_seldom_asked(
+    make_engine: MakeEngine, tokenize: Tokenize, drive: Drive
+) -> None:
+    silent = Silent()
+    engine = make_engine(plugins=drafting(silent), start=False, **TWO_KERNEL_PATHS)
+
+    run(engine, drive, request(tokenize(PROMPTS[0]), max_tokens=600, ignore_eos=True))
+
+    assert silent.calls < engine.stats.decode_steps / 4
 
 
 def test_a_declined_draft_teaches_acceptance_from_the_tokens_committed_after_it(
