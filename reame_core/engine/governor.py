@@ -215,7 +215,7 @@ class Governor:
         weight = self.cost.prompt_share()
         seqs = [self._by_id[id(request.seq)] for request in requests]
         behind = {id(seq): self._behind(seq, self._own(seq, source)) for seq in seqs}
-        rivals = self._rival_gains(offered) if priced else {}
+        rivals = self._rival_gains(offered) if base is not None else {}
         asked: list[DraftRequest] = []
         merit = False
         for request, seq in zip(requests, seqs, strict=True):
@@ -238,14 +238,16 @@ class Governor:
                     continue
             if state.credit < 0.0 or self._step < own.probe_at:
                 continue
-            # A probe, paid from the budget. While this request's own evidence leaves
-            # room for the source to pay, probe again as soon as the budget allows; once
-            # it shows the source cannot, wait, longer each time.
-            shown = False
-            if priced:
-                upper = accepted_by_length(own.acceptance.upper_rates(limit))
-                shown = self._best(upper, limit, propose)[1] < 1.0
-            if shown:
+            # A probe, paid from the budget. Not where the cheaper sources' drafts would do
+            # better than this one could even if all its drafts came true. While this
+            # request's own evidence leaves room for the source to pay, probe again as
+            # soon as the budget allows; once it shows the source cannot, wait, longer
+            # each time.
+            upper = accepted_by_length(own.acceptance.upper_rates(limit))
+            best_case = self._best(upper, limit, propose if priced else None)[1]
+            if base is not None and best_case <= rivals.get(id(seq), 0.0):
+                continue
+            if priced and best_case < 1.0:
                 own.backoff = min(2 * own.backoff, PROBE_MAX) if own.backoff else PROBE_EVERY
             else:
                 own.backoff = 0
@@ -510,7 +512,11 @@ class Governor:
             request = self._seqs[id(seq)] = _Request()
         own = request.sources.get(source)
         if own is None:
-            own = request.sources[source] = _Own(probe_at=self._step)
+            # A new request probes a source known to be dear once it has decoded a few
+            # tokens: by then the cheaper sources' drafts show whether it is needed at all.
+            # One whose cost is not known yet is looked at at once.
+            wait = PROBE_EVERY if self.sources[source].cost.known else 0
+            own = request.sources[source] = _Own(probe_at=self._step + wait)
         return own
 
     def _behind(self, seq: EngineSequence, own: _Own) -> int:

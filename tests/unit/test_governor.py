@@ -575,11 +575,13 @@ def test_a_source_that_costs_nothing_to_ask_is_asked_every_step() -> None:
 
 def test_a_thin_probe_is_retried_as_soon_as_the_budget_allows() -> None:
     governor, seq = scripted_governor(), Decoding()
+    first = steps_until_asked(governor, seq)
 
     asked = [bool(step(governor, [seq], right=0)) for _ in range(9)]
 
-    # As often as the budget allows (every third step), while a few missed drafts prove
-    # little.
+    # A new request probes at once (the source's cost is not known yet), then as often as
+    # the budget allows (every third step) while a few missed drafts prove little.
+    assert first <= PROBE_EVERY + 1
     assert sum(asked) >= 3
 
 
@@ -597,12 +599,31 @@ def test_strong_evidence_that_a_source_does_not_pay_makes_the_wait_longer_each_t
 def test_a_new_request_gets_its_own_probe_while_another_waits() -> None:
     governor, waiting, new = scripted_governor(), Decoding(seq_id=0), Decoding(seq_id=1)
     shown_useless(governor, waiting)
-    for _ in range(6):  # the budget is repaid
-        step(governor, [waiting])
+    steps_until_asked(governor, waiting)
+    steps_until_asked(governor, waiting)  # now it waits 4 * PROBE_EVERY steps
 
-    asked = step(governor, [waiting, new])
+    asked = [r.seq for _ in range(PROBE_EVERY + 2) for r in step(governor, [waiting, new])]
 
-    assert [r.seq for r in asked] == [new]
+    assert asked and all(seq is new for seq in asked)
+
+
+def test_a_dear_source_is_not_probed_where_cheaper_drafts_beat_its_best_case() -> None:
+    # The cheaper source's drafts for this request come true; the dear one, even if all
+    # of its drafts did, would yield less per second: it takes 10 ms to propose.
+    governor = Governor(
+        ["cheap", SOURCE], lambda layout: equal_split_passes(layout, 512), draft_max=8
+    )
+    for n in (1, 2, 3, 5, 9, 17, 64):
+        governor.observe_decode([(0, n)], pass_seconds(n))
+    governor.sources[SOURCE].cost.observe(0.010, drafted=8, caught_up=1)
+    for _ in range(30):
+        governor.sources["cheap"].acceptance.add(8, 8)
+    seq = Decoding()
+
+    for _ in range(3 * PROBE_EVERY):
+        requests = governor.requests([seq], 100_000, 512)
+        assert not governor.ask(SOURCE, requests, [DraftProposal(seq, "cheap", (RIGHT,) * 8)])
+        seq.output.append(RIGHT)
 
 
 def test_a_probe_that_comes_true_ends_the_wait() -> None:
