@@ -80,7 +80,8 @@ class SourceState:
     credit: float = 0.0  # seconds it may still spend probing (< 0: repaid by decoding)
     k: int = 0  # length of its last verified draft
     gain: float | None = None  # as of the last report
-    enabled: bool = True
+    enabled: bool = True  # its drafts pay over all requests (or nothing is known yet)
+    state: str = "new"  # new, drafting, watched (asked every step), probed
     reason: str = "no drafts yet"
 
     @property
@@ -575,21 +576,31 @@ class Governor:
         return best
 
     def _judge(self, state: SourceState) -> None:
-        """Say, for reports, whether the source pays over all requests and why."""
+        """Say, for reports, whether the source pays over all requests, how it is asked,
+        and why."""
         gain = self.expected_gain(state)
         state.gain = gain
         evidence = f"at acceptance {state.alpha:.2f} over {state.acceptance.drafts:.0f} drafts"
-        if not state.acceptance.reached:
-            state.enabled, state.reason = True, "no drafts yet"
-        elif gain is None:
-            state.enabled, state.reason = True, "decode cost not measured yet"
+        base = self._step_seconds(drafting=0, k=0) if gain is not None else None
+        cheap = base is not None and state.cost.typical() <= PROBE_BUDGET * base
+        if not state.acceptance.reached or gain is None:
+            state.enabled, state.state = True, "new"
+            state.reason = "no drafts yet" if gain is not None else "decode cost not measured yet"
         elif gain >= 1.0:
-            state.enabled, state.reason = True, f"expected gain {gain:.2f}x {evidence}"
-        else:
-            state.enabled = False
+            state.enabled, state.state = True, "drafting"
+            state.reason = f"expected gain {gain:.2f}x {evidence}"
+        elif cheap:
+            state.enabled, state.state = False, "watched"
             state.reason = (
-                f"expected gain {gain:.2f}x < 1 {evidence}; asked where a request's own "
-                f"drafts pay, probed within {PROBE_BUDGET:.0%} of decode time"
+                f"expected gain {gain:.2f}x < 1 {evidence}; asked every step (it costs next "
+                "to nothing), verified where a request's own drafts pay"
+            )
+        else:
+            state.enabled, state.state = False, "probed"
+            state.reason = (
+                f"expected gain {gain:.2f}x < 1 {evidence}; asked where its drafts should "
+                f"yield more than the others', else probed within {PROBE_BUDGET:.0%} of "
+                "decode time"
             )
 
     def _step_seconds(self, drafting: int, k: int) -> float:
@@ -613,6 +624,7 @@ class Governor:
                 {
                     "source": s.name,
                     "enabled": s.enabled,
+                    "state": s.state,
                     "reason": s.reason,
                     "proposed": s.proposed,
                     "accepted": s.accepted,

@@ -189,6 +189,7 @@ def test_auto_stops_verifying_a_useless_source_saying_why(
 
     row = report(engine)
     assert not row["enabled"]
+    assert row["state"] == "watched"  # asking it costs nothing: it stays asked, unverified
     assert "< 1" in row["reason"]
     assert sum(r.usage.draft_proposed.get(SOURCE, 0) for r in results[1:]) == 0
 
@@ -353,6 +354,7 @@ def test_probing_a_slow_useless_source_costs_at_most_the_probe_budget(
 
     row = report(engine)
     first_look = per_token * 5  # a call of 4 tokens, before its cost is known
+    assert row["state"] == "probed"
     assert row["probes"] >= 2
     assert row["probe_ms"] / 1000 <= PROBE_BUDGET * engine.stats.decode_seconds + first_look
 
