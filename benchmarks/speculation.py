@@ -248,6 +248,7 @@ def main() -> None:
             proposed, accepted = sum(last["proposed"].values()), sum(last["accepted"].values())
             row[mode] = {
                 "tok_s": round(statistics.median(rates[mode]), 1),
+                "tok_s_by_rep": [round(rate, 1) for rate in rates[mode]],
                 "vs_off": round(median_ratio(rates[mode], rates["off"]), 3),
                 "acceptance": round(accepted / proposed, 3) if proposed else None,
                 "accepted_by_source": last["accepted"],
