@@ -57,8 +57,8 @@ PROBE_TOKENS = 4  # tokens asked of a probe
 PROBE_EVERY = 8  # steps before a request probes a source shown not to pay (doubling)
 PROBE_MAX = 4096
 SHADOWS_MAX = 32  # shadow drafts pending per request
-IDLE_CALLS = 64  # a cheap source that offered nothing this many calls running is asked
-# only every IDLE_CALLS steps (the draft model hook with no draft model loaded)
+IDLE_CALLS = 64  # a cheap source that offered a request nothing this many calls running
+# is asked for it only every IDLE_CALLS steps (the draft model hook with no draft model)
 
 
 @dataclass
@@ -74,7 +74,6 @@ class SourceState:
     cost: ProposeCost = field(default_factory=ProposeCost)
     calls: int = 0
     propose_seconds: float = 0.0  # all its propose calls
-    idle: int = 0  # calls in a row that offered nothing
     probes: int = 0  # calls made only to learn, not because they were expected to pay
     probe_seconds: float = 0.0
     credit: float = 0.0  # seconds it may still spend probing (< 0: repaid by decoding)
@@ -103,6 +102,7 @@ class _Own:
     proposal: tuple[int, ...] = ()  # what it proposed then
     probe_at: int = 0  # step from which it may be probed for this request
     backoff: int = 0  # steps between probes; 0 while the evidence is thin
+    idle: int = 0  # calls in a row that offered this request nothing
 
 
 @dataclass
@@ -209,10 +209,15 @@ class Governor:
         base = self._base
         priced = base is not None and state.cost.known
         if priced and base is not None and state.cost.typical() <= PROBE_BUDGET * base:
-            if state.idle >= IDLE_CALLS and self._step % IDLE_CALLS:
-                return []
-            self._calls[source] = _Call({}, probe=False)
-            return list(requests)
+            awake = self._step % IDLE_CALLS == 0
+            watched = [
+                request
+                for request in requests
+                if awake or self._own(self._by_id[id(request.seq)], source).idle < IDLE_CALLS
+            ]
+            if watched:
+                self._calls[source] = _Call({}, probe=False)
+            return watched
         weight = self.cost.prompt_share()
         seqs = [self._by_id[id(request.seq)] for request in requests]
         behind = {id(seq): self._behind(seq, self._own(seq, source)) for seq in seqs}
@@ -277,17 +282,17 @@ class Governor:
             state.probes += 1
             state.probe_seconds += seconds
             state.credit -= seconds
-        state.idle = 0 if proposals else state.idle + 1
         drafted = max((len(p.tokens) for p in proposals), default=0)
         state.cost.observe(seconds, drafted, sum(call.caught_up.values()))
-        if not call.caught_up:  # a cheap source: what it has read costs nothing to track
-            return
         by_seq = {id(p.seq): p.tokens for p in proposals}
         for request in asked:
             seq = self._by_id[id(request.seq)]
             own = self._own(seq, source)
-            own.seen = _length(seq)
-            own.proposal = by_seq.get(id(seq), ())
+            tokens = by_seq.get(id(seq), ())
+            own.idle = 0 if tokens else own.idle + 1
+            if call.caught_up:  # a dear source: what it has read decides what it costs
+                own.seen = _length(seq)
+                own.proposal = tokens
 
     # ----------------------------------------------------------- planning
 

@@ -229,6 +229,19 @@ def test_a_source_that_offers_nothing_is_seldom_asked(
     assert silent.calls < engine.stats.decode_steps / 4
 
 
+def test_a_source_silent_for_one_request_is_asked_at_once_for_the_next(
+    make_engine: MakeEngine, tokenize: Tokenize, drive: Drive, answers: Answers
+) -> None:
+    copy_prompt = tuple(tokenize(PROMPTS[0]))
+    only_the_copy = KnownAnswers({copy_prompt: answers[copy_prompt]})  # silent for the rest
+    engine = make_engine(plugins=drafting(only_the_copy), start=False, **TWO_KERNEL_PATHS)
+    run(engine, drive, request(tokenize(PROMPTS[1]), max_tokens=600, ignore_eos=True))
+
+    [copied] = run(engine, drive, copying(tokenize))
+
+    assert copied.usage.draft_accepted[SOURCE] > 100  # of its 120 tokens
+
+
 def test_a_declined_draft_teaches_acceptance_from_the_tokens_committed_after_it(
     make_engine: MakeEngine, tokenize: Tokenize, drive: Drive, answers: Answers
 ) -> None:
