@@ -1,20 +1,27 @@
-"""Speculative decoding: what prompt lookup gains where output copies input, and what the
-governor saves where drafts never hit.
+"""Speculative decoding from a cold start: what prompt lookup gains where output copies
+input, what the governor saves where drafts never hit, and which source it picks when a
+draft model competes with prompt lookup.
 
 Workloads (single stream, the embedded SmolLM2-135M unless --model):
   rewrite      copy / fix typos / reformat tasks, greedy: output largely repeats the prompt;
-  adversarial  free text at temperature 1.0, seeded: drafts are proposed but rarely hit.
+  adversarial  free text at temperature 1.0, seeded: drafts are proposed but rarely hit;
+  draft-model  the rewrites again, with a draft model loaded as well (--draft-model; by
+               default the embedded file drafting for itself: always right, as slow to
+               propose as the target is to decode), so prompt lookup and the draft model
+               compete.
 Modes: off (no drafts), auto (the governor decides), on (every proposal verified in full).
-Each measurement runs in its own process (see common.py), alternating off/auto/on, `--reps`
-times; the figure is generated tokens per second of decoding (prompt time excluded), and
-ratios are medians of per-rep ratios against `off`. Outputs of auto and on are compared
-with off token for token. The host's ceiling is printed too: prompt rate / decode rate
-bounds what verifying drafts can gain here.
+Each measurement starts a fresh Reame runtime (built-in plugins only, an empty cache
+directory) in its own process and runs the workload's requests one after another, so
+`auto` starts cold, with nothing learned. Modes alternate off/auto/on, `--reps` times; the
+figure is generated tokens per second of decoding (prompt time excluded), and ratios are
+medians of per-rep ratios: against `off`, and auto against the better of on and off.
+Outputs of auto and on are compared with off token for token. The host's ceiling is
+printed too: prompt rate / decode rate bounds what verifying drafts can gain here.
 
 With --llama-server PATH the rewrite workload also runs against llama.cpp's own server
 (same model, threads, one slot) without speculation and with its n-gram speculators.
 
-    .venv/bin/python benchmarks/speculation.py [--reps 3] [--llama-server PATH]
+    .venv/bin/python benchmarks/speculation.py [--reps 5] [--llama-server PATH]
 """
 
 from __future__ import annotations
@@ -58,44 +65,68 @@ ADVERSARIAL = (
     "Write a wild, surreal story about a city made of glass.",
 )
 MODES = ("off", "auto", "on")
+WORKLOADS = ("rewrite", "adversarial", "draft-model")
 
 
 def child(
-    mode: str, workload: str, model_path: str | None, threads: int, draft_max: int
+    mode: str,
+    workload: str,
+    model: str | None,
+    threads: int,
+    draft_max: int,
+    draft_model: str | None,
 ) -> dict[str, Any]:
-    from reame_core.backend.llama import LlamaBackend
-    from reame_core.chat import encode_chat
-    from reame_core.engine.engine import Engine
-    from reame_core.models import resolve_model
-    from reame_core.request import GenerationRequest, SamplingParams
+    import tempfile
 
-    model = resolve_model(model_path)
-    backend = LlamaBackend(
-        model.path, n_ctx_seq=2048, n_seq_max=4, n_batch=512, n_threads=threads, name=model.name
-    )
-    engine = Engine(backend, speculate=mode, draft_max=draft_max).start()  # type: ignore[arg-type]
-    if workload == "rewrite":
+    from reame_core.chat import encode_chat
+    from reame_core.models import resolve_model
+    from reame_core.plugins import PluginHost
+    from reame_core.request import GenerationRequest, SamplingParams
+    from reame_core.runtime import start_runtime
+
+    if workload in ("rewrite", "draft-model"):
         texts, params = REWRITES, SamplingParams(max_tokens=160)
     else:
         texts = ADVERSARIAL
         params = SamplingParams(max_tokens=160, temperature=1.0, seed=7, ignore_eos=True)
-    engine.generate(GenerationRequest(encode_chat(backend, [{"role": "user", "content": "Hi"}])))
-    tokens, decode_ms, proposed, accepted, outputs = 0, 0.0, 0, 0, []
-    for text in texts:
-        prompt = encode_chat(backend, [{"role": "user", "content": text}])
-        result = engine.generate(GenerationRequest(prompt, params))
-        tokens += result.usage.completion_tokens
-        decode_ms += result.usage.predicted_ms
-        proposed += sum(result.usage.draft_proposed.values())
-        accepted += sum(result.usage.draft_accepted.values())
-        outputs.append(list(result.candidates[0].tokens))
-    engine.stop()
+    with tempfile.TemporaryDirectory() as cache:
+        settings = Settings(
+            model=model or Settings().model,
+            threads=threads,
+            speculate=mode,  # type: ignore[arg-type]
+            draft_max=draft_max,
+            draft_model=(draft_model or str(resolve_model(model).path))
+            if workload == "draft-model"
+            else None,
+            cache_dir=Path(cache),
+        )
+        runtime = start_runtime(settings, plugins=PluginHost(discover=False))
+        engine, backend = runtime.engine, runtime.backend
+        tokens, decode_ms, outputs = 0, 0.0, []
+        proposed: dict[str, int] = {}
+        accepted: dict[str, int] = {}
+        for text in texts:
+            prompt = encode_chat(backend, [{"role": "user", "content": text}])
+            result = engine.generate(GenerationRequest(prompt, params))
+            tokens += result.usage.completion_tokens
+            decode_ms += result.usage.predicted_ms
+            for source, n in result.usage.draft_proposed.items():
+                proposed[source] = proposed.get(source, 0) + n
+            for source, n in result.usage.draft_accepted.items():
+                accepted[source] = accepted.get(source, 0) + n
+            outputs.append(list(result.candidates[0].tokens))
+        governor = engine.governor.report()
+        runtime.close()
     return {
         "tok_s": tokens / (decode_ms / 1000),
         "tokens": tokens,
         "proposed": proposed,
         "accepted": accepted,
         "outputs": outputs,
+        "governor": [
+            {k: row[k] for k in ("source", "reason", "drafts", "shadow_drafts", "probes")}
+            for row in governor["sources"]
+        ],
     }
 
 
@@ -164,10 +195,16 @@ LLAMA_SERVER_SPECS = {
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", help="model alias or .gguf path (default: embedded)")
     parser.add_argument("--draft-max", type=int, default=Settings().draft_max)
+    parser.add_argument(
+        "--draft-model", help="draft model of the draft-model workload (default: the model)"
+    )
+    parser.add_argument(
+        "--workloads", nargs="*", default=list(WORKLOADS), choices=WORKLOADS, metavar="NAME"
+    )
     parser.add_argument("--llama-server", help="llama.cpp's llama-server binary, to compare")
     parser.add_argument("--child", nargs="*")
     args = parser.parse_args()
@@ -176,7 +213,10 @@ def main() -> None:
         if kind == "ceiling":
             print(json.dumps(ceiling(args.model, args.threads)))
         else:
-            print(json.dumps(child(kind, rest[0], args.model, args.threads, args.draft_max)))
+            result = child(
+                kind, rest[0], args.model, args.threads, args.draft_max, args.draft_model
+            )
+            print(json.dumps(result))
         return
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -185,6 +225,7 @@ def main() -> None:
     script = str(Path(__file__))
     extra = ["--threads", str(args.threads), "--draft-max", str(args.draft_max)]
     extra += ["--model", args.model] if args.model else []
+    extra += ["--draft-model", args.draft_model] if args.draft_model else []
 
     def run(*child_args: str) -> dict[str, Any]:
         from common import measure
@@ -194,24 +235,27 @@ def main() -> None:
     host = run("ceiling")
     print(json.dumps({k: round(v, 2) for k, v in host.items()}), flush=True)
     report: dict[str, Any] = {"ceiling": host, "workloads": {}}
-    for workload in ("rewrite", "adversarial"):
+    for workload in args.workloads:
         samples: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
         for _ in range(args.reps):
             for mode in MODES:
                 samples[mode].append(run(mode, workload))
-        off = [s["tok_s"] for s in samples["off"]]
+        rates = {mode: [s["tok_s"] for s in samples[mode]] for mode in MODES}
+        best = [max(on, off) for on, off in zip(rates["on"], rates["off"], strict=True)]
         row: dict[str, Any] = {}
         for mode in MODES:
-            rates = [s["tok_s"] for s in samples[mode]]
             last = samples[mode][-1]
+            proposed, accepted = sum(last["proposed"].values()), sum(last["accepted"].values())
             row[mode] = {
-                "tok_s": round(statistics.median(rates), 1),
-                "vs_off": round(median_ratio(rates, off), 3),
-                "acceptance": round(last["accepted"] / last["proposed"], 3)
-                if last["proposed"]
-                else None,
+                "tok_s": round(statistics.median(rates[mode]), 1),
+                "tok_s_by_rep": [round(rate, 1) for rate in rates[mode]],
+                "vs_off": round(median_ratio(rates[mode], rates["off"]), 3),
+                "acceptance": round(accepted / proposed, 3) if proposed else None,
+                "accepted_by_source": last["accepted"],
                 "identical_to_off": last["outputs"] == samples["off"][-1]["outputs"],
             }
+        row["auto"]["vs_best_of_on_off"] = round(median_ratio(rates["auto"], best), 3)
+        row["auto"]["governor"] = samples["auto"][-1]["governor"]
         report["workloads"][workload] = row
         print(json.dumps({workload: row}), flush=True)
 
@@ -239,9 +283,10 @@ def main() -> None:
         draft_max=args.draft_max,
         reps=args.reps,
         model=args.model or "smollm2-135m (embedded, Q4_1)",
+        draft_model=args.draft_model or "the model itself",
         command=" ".join(["python", "benchmarks/speculation.py", *sys.argv[1:]]),
     )
-    path = write_report("speculation", report)
+    path = write_report("speculation_cold_start", report)
     print(f"\nwritten to {path}")
 
 

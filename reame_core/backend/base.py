@@ -110,6 +110,11 @@ class Backend(Protocol):
 def equal_split_passes(layout: Sequence[tuple[int, int]], n_ubatch: int) -> list[int]:
     """The passes of llama.cpp's equal split (per-sequence KV): a pass takes the same number
     of tokens from each sequence of a run of ascending consecutive sequence ids."""
+    return [per_seq * n_seqs for per_seq, n_seqs in equal_split(layout, n_ubatch)]
+
+
+def equal_split(layout: Sequence[tuple[int, int]], n_ubatch: int) -> list[tuple[int, int]]:
+    """The passes of `equal_split_passes` as (tokens per sequence, sequences)."""
     remaining = {seq_id: n for seq_id, n in layout if n > 0}
     order = [seq_id for seq_id, n in layout if n > 0]
     passes = []
@@ -120,7 +125,7 @@ def equal_split_passes(layout: Sequence[tuple[int, int]], n_ubatch: int) -> list
                 chosen.append(seq_id)
         chosen = chosen[: max(1, n_ubatch)]
         per_seq = min(min(remaining[s] for s in chosen), max(1, n_ubatch // len(chosen)))
-        passes.append(per_seq * len(chosen))
+        passes.append((per_seq, len(chosen)))
         for seq_id in chosen:
             remaining[seq_id] -= per_seq
             if remaining[seq_id] == 0:

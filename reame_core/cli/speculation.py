@@ -36,7 +36,7 @@ def speculation_command(url: str, api_key: str | None, console: Console | None =
         gain = row["expected_gain"]
         table.add_row(
             row["source"],
-            "on" if row["enabled"] else "off",
+            row["state"],
             str(row["proposed"]),
             str(row["accepted"]),
             f"{row['acceptance_rate']:.0%}",

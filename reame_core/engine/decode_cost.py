@@ -12,7 +12,6 @@ before trying it. Decode steps teach it small n, prompt chunks large n.
 from __future__ import annotations
 
 import bisect
-import statistics
 from collections import deque
 from collections.abc import Iterable
 
@@ -34,7 +33,7 @@ class DecodeCost:
             bisect.insort(self._sizes, size)
             recent = self._recent[size] = deque(maxlen=self.window)
         recent.append(seconds)
-        self._seconds[size] = statistics.median(recent)
+        self._seconds[size] = median(recent)
 
     def covers(self, n: int) -> bool:
         """Whether a pass of `n` tokens is priced from measurements of that size or smaller
@@ -66,9 +65,27 @@ class DecodeCost:
         """Estimated time of a decode made of `passes`."""
         return sum(self.pass_seconds(n) for n in passes)
 
+    def prompt_share(self) -> float:
+        """What one token of the largest measured pass costs next to a one-token decode:
+        about the prompt rate's share of the decode rate (1.0 until both are measured)."""
+        sizes = self._sizes
+        if len(sizes) < 2 or sizes[0] != 1 or sizes[-1] < 8:
+            return 1.0
+        largest = sizes[-1]
+        return min(1.0, self._seconds[largest] / largest / self._seconds[1])
+
     def curve(self) -> dict[int, float]:
         """Measured pass sizes and their average seconds (for reports)."""
         return {size: self._seconds[size] for size in self._sizes}
+
+
+def median(values: Iterable[float]) -> float:
+    """The median of a few values, cheaply: it runs every decode step."""
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def _bucket(n: int) -> int:

@@ -110,9 +110,11 @@ class Engine:
         self.hook = self.plugins.hook
         self.slots = KVSlots(backend, max_sessions, exact_reuse=exact_reuse)
         self.prefill_chunk = prefill_chunk
-        self._draft_sources = list(self.hook.reame_propose_drafts.get_hookimpls())
+        self._draft_sources = {
+            impl.plugin_name: impl for impl in self.hook.reame_propose_drafts.get_hookimpls()
+        }
         self.governor = Governor(
-            [impl.plugin_name for impl in self._draft_sources],
+            list(self._draft_sources),
             backend.passes,
             mode=speculate,
             draft_max=draft_max,
@@ -468,11 +470,9 @@ class Engine:
         drafts: dict[int, DraftProposal] = {}
         if self._drafting and decoding:
             # Prompt chunks have calls of their own: the decode batch may fill n_batch.
-            requests, sources = self.governor.requests(
-                decoding, self.info.n_ctx_seq, self.info.n_batch
-            )
+            requests = self.governor.requests(decoding, self.info.n_ctx_seq, self.info.n_batch)
             if requests:
-                proposals = self._propose(requests, sources)
+                proposals = self._propose(requests)
                 drafts = self.governor.choose(decoding, requests, proposals)
         planned = []
         # With per-sequence KV, llama.cpp puts sequences in one micro-batch only while their
@@ -485,20 +485,22 @@ class Engine:
             planned.append(_Planned(seq, tokens, draft))
         return planned
 
-    def _propose(self, requests: list[DraftRequest], sources: set[str]) -> list[DraftProposal]:
-        """Ask each chosen draft source, timing it: the governor weighs its cost. Proposals
-        carry the name of the plugin that made them."""
+    def _propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
+        """Ask the draft sources, cheapest first, what the governor wants of each (given
+        what the ones before offered), timing them: it weighs their cost. Proposals carry
+        the name of the plugin that made them."""
         proposals: list[DraftProposal] = []
-        for impl in self._draft_sources:
-            if impl.plugin_name not in sources:
+        for name in self.governor.ordered():
+            asked = self.governor.ask(name, requests, proposals)
+            if not asked:
                 continue
             started = time.perf_counter()
-            result = impl.function(requests=requests)
-            self.governor.proposed(impl.plugin_name, time.perf_counter() - started)
-            for proposal in result or ():
-                if proposal.source != impl.plugin_name:
-                    proposal = dataclasses.replace(proposal, source=impl.plugin_name)
-                proposals.append(proposal)
+            result = self._draft_sources[name].function(requests=asked)
+            made = [
+                p if p.source == name else dataclasses.replace(p, source=name) for p in result or ()
+            ]
+            self.governor.proposed(name, time.perf_counter() - started, asked, made)
+            proposals += made
         return proposals
 
     def _plan_prefill(

@@ -1,14 +1,25 @@
-"""The speculation governor: whether each sequence drafts this step, from which source,
-and how many tokens, so that speculation pays on this host or is not done at all.
+"""The speculation governor: which draft sources are asked each step, for which sequences
+and how many tokens, and which of their drafts are verified, so that speculation pays on
+this host or costs (almost) nothing.
 
 It learns online what it needs:
   - the target's cost of a decode by its passes over the weights (`DecodeCost`), so
     "verify k drafts" is priced against "decode one token" for the batch at hand;
-  - each source's acceptance (decayed, globally and per sequence) and its cost of proposing.
-Each step it evaluates a few plans (no drafts; drafts of k tokens for the most promising
-sequences, k in a small ladder) and keeps the one with the most expected tokens per second.
-A source whose expected gain falls below 1 is switched off, and tried again now and then
-(with a growing interval while it keeps failing).
+  - each source's cost of proposing (`ProposeCost`): drafting, and catching up on what the
+    sequence committed since the source last looked;
+  - each source's acceptance by draft position, over all requests and per request
+    (`Acceptance`), from verified drafts and from drafts it scored without verifying them
+    (`ShadowDraft`: a declined draft is checked against the tokens committed after it).
+
+Each step, sources are asked cheapest first. One whose call costs next to nothing (at most
+`PROBE_BUDGET` of a step) is asked for every sequence. A dearer one is asked for a sequence
+when the tokens its draft is expected to yield per second, its propose and catch-up time
+included, beat both plain decoding and what the sources asked before it already offer;
+otherwise only when a probe is due. Probes are paid from a budget (`PROBE_BUDGET` of the
+decode time); a new request gets its own, they come again as soon as the budget allows
+while the request's evidence is thin, and later and later once it shows the source does
+not pay there. Then, of the drafts in hand, the governor verifies the plan with the most
+expected tokens per second; the drafts it does not verify are scored in shadow.
 
 Modes: ``off`` never drafts; ``on`` verifies every proposal at full length (to measure
 what speculation costs); ``auto`` is the governor. A request may choose its own mode.
@@ -17,12 +28,19 @@ The governor decides; the engine calls the sources and verifies.
 
 from __future__ import annotations
 
-import math
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from reame_core.engine.acceptance import (
+    Acceptance,
+    ShadowDraft,
+    accepted_by_length,
+    sequence_rates,
+)
 from reame_core.engine.decode_cost import DecodeCost
+from reame_core.engine.propose_cost import ProposeCost
 from reame_core.engine.sequence import Sequence as EngineSequence
 from reame_core.hooktypes import DraftProposal, DraftRequest
 
@@ -31,103 +49,84 @@ MODES: tuple[Mode, ...] = ("auto", "on", "off")
 
 # Draft lengths the planner tries; longer drafts only pay at high acceptance.
 K_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
-DECAY = 0.98  # per verified draft: a source's acceptance follows its recent drafts
-MIN_DRAFTS = 4  # drafts of evidence (or steps declined) before a source may be switched off
-PROBE_EVERY = 64  # steps before a switched-off source is tried again (doubling)
+DECAY = 0.98  # per draft: a source's acceptance follows its recent drafts
+SEQ_DECAY = 0.95  # per draft: a request's own acceptance follows its recent text
+SEQ_PRIOR = 2.0  # weight, in drafts, of the source's acceptance in a request's estimate
+PROBE_BUDGET = 0.01  # probes (and asking a source every step) may cost this share of decoding
+PROBE_TOKENS = 4  # tokens asked of a probe
+PROBE_EVERY = 8  # steps before a request probes a source shown not to pay (doubling)
 PROBE_MAX = 4096
-PROBE_BUDGET = 0.01  # probing may cost at most this share of the decoding time
-PROBE_DRAFTS = 4  # drafts verified while probing
-PROBE_TOKENS = 4  # tokens per probing draft
-SEQ_PRIOR = 2.0  # weight of the source's acceptance in a sequence's own estimate
-
-
-@dataclass
-class Acceptance:
-    """How drafts fared by position: (decayed) counts of drafts that reached position j,
-    all tokens before it right, and of those whose token j was right too. Acceptance is
-    not one coin per token: a copy that is on track tends to stay on track, so later
-    positions pass more often than the first, and one rate for all positions misjudges
-    what a long draft brings."""
-
-    decay: float = 1.0
-    reached: list[float] = field(default_factory=list)
-    passed: list[float] = field(default_factory=list)
-
-    def add(self, k: int, accepted: int) -> None:
-        if len(self.reached) < k:
-            grow = k - len(self.reached)
-            self.reached += [0.0] * grow
-            self.passed += [0.0] * grow
-        if self.decay < 1.0:
-            self.reached = [n * self.decay for n in self.reached]
-            self.passed = [n * self.decay for n in self.passed]
-        for j in range(min(accepted + 1, k)):
-            self.reached[j] += 1.0
-        for j in range(accepted):
-            self.passed[j] += 1.0
-
-    @property
-    def pooled(self) -> float:
-        """One rate for every position, with a weak prior (0.5 before any evidence)."""
-        return (sum(self.passed) + 0.5) / (sum(self.reached) + 1.0)
-
-    def rates(self, k: int, prior: Sequence[float], weight: float) -> list[float]:
-        """Chance that draft token j is right given the ones before it were, for j < k:
-        the counts, pulled towards `prior[j]` with `weight` pseudo-drafts."""
-        out = []
-        for j in range(k):
-            reached = self.reached[j] if j < len(self.reached) else 0.0
-            passed = self.passed[j] if j < len(self.passed) else 0.0
-            out.append((passed + weight * prior[j]) / (reached + weight))
-        return out
-
-
-def accepted_by_length(rates: Sequence[float]) -> list[float]:
-    """Expected accepted tokens of a draft cut to n tokens, for n = 0 .. len(rates)."""
-    expected, survive = [0.0], 1.0
-    for rate in rates:
-        survive *= rate
-        expected.append(expected[-1] + survive)
-    return expected
-
-
-@dataclass(frozen=True)
-class _Offer:
-    proposal: DraftProposal
-    expected: list[float]  # expected accepted tokens by draft length (`accepted_by_length`)
+SHADOWS_MAX = 32  # shadow drafts pending per request
+IDLE_CALLS = 64  # a cheap source that offered a request nothing this many calls running
+# is asked for it only every IDLE_CALLS steps (the draft model hook with no draft model)
 
 
 @dataclass
 class SourceState:
-    """One draft source as the governor sees it."""
+    """One draft source as the governor sees it, over all requests."""
 
     name: str
     proposed: int = 0
     accepted: int = 0
-    drafts: int = 0
+    drafts: int = 0  # verified drafts
+    shadowed: int = 0  # drafts scored without verifying them
     acceptance: Acceptance = field(default_factory=lambda: Acceptance(DECAY))
-    propose_seconds: float = 0.0  # average time of one call proposing for all sequences
+    cost: ProposeCost = field(default_factory=ProposeCost)
     calls: int = 0
-    enabled: bool = True
-    reason: str = "no drafts verified yet"
-    gain: float | None = None
+    propose_seconds: float = 0.0  # all its propose calls
+    probes: int = 0  # calls made only to learn, not because they were expected to pay
+    probe_seconds: float = 0.0
+    credit: float = 0.0  # seconds it may still spend probing (< 0: repaid by decoding)
     k: int = 0  # length of its last verified draft
-    declined: int = 0  # steps in a row its proposals were in no chosen plan
-    probe_at: int = 0
-    probe_left: int = 0
-    backoff: int = PROBE_EVERY
+    gain: float | None = None  # as of the last report
+    enabled: bool = True  # its drafts pay over all requests (or nothing is known yet)
+    state: str = "new"  # new, drafting, watched (asked every step), probed
+    reason: str = "no drafts yet"
 
     @property
     def alpha(self) -> float:
         """Per-token acceptance over all positions (for reports)."""
         return self.acceptance.pooled
 
-    def rates(self, k: int) -> list[float]:
-        return self.acceptance.rates(k, [self.acceptance.pooled] * k, 1.0)
-
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.proposed if self.proposed else 0.0
+
+
+@dataclass
+class _Own:
+    """One source as one request sees it."""
+
+    acceptance: Acceptance = field(default_factory=lambda: Acceptance(SEQ_DECAY))
+    seen: int = 0  # tokens of the sequence (prompt + output) the source was last shown
+    proposal: tuple[int, ...] = ()  # what it proposed then
+    probe_at: int = 0  # step from which it may be probed for this request
+    backoff: int = 0  # steps between probes; 0 while the evidence is thin
+    idle: int = 0  # calls in a row that offered this request nothing
+
+
+@dataclass
+class _Request:
+    """What the governor keeps about one decoding sequence."""
+
+    sources: dict[str, _Own] = field(default_factory=dict)
+    shadows: list[ShadowDraft] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Offer:
+    proposal: DraftProposal
+    expected: list[float]  # expected accepted tokens by draft length (`accepted_by_length`)
+    k: int  # the length at which verifying it alone would bring the most this step
+    gain: float  # and that speed-up
+
+
+@dataclass
+class _Call:
+    """A propose call being made: what it must catch up on, and whether it is a probe."""
+
+    caught_up: dict[int, int]
+    probe: bool
 
 
 class Governor:
@@ -145,10 +144,17 @@ class Governor:
         self.cost = DecodeCost()
         self._costs = {threads: self.cost}  # one curve per thread count (`threads_changed`)
         self.sources = {name: SourceState(name) for name in sources}
-        self._passes = passes
-        self._seqs: dict[tuple[int, str], Acceptance] = {}
+        self._split = passes
+        self._split_cache: dict[tuple[tuple[int, int], ...], list[int]] = {}
+        self._seqs: dict[int, _Request] = {}
         self._step = 0
         self._decoding = 1  # sequences decoding at the last planned step
+        self._base: float | None = None  # seconds of this step without drafts
+        self._with_draft: dict[int, float] = {}  # seconds of this step, one sequence drafting k
+        self._rates_now: dict[tuple[int, str], list[float]] = {}  # this step's, by request
+        self._calls: dict[str, _Call] = {}
+        self._by_id: dict[int, EngineSequence] = {}  # this step's decoding sequences
+        self._order: tuple[int, list[str]] = (0, list(self.sources))  # (step, cheapest first)
 
     # ------------------------------------------------------------- asking
 
@@ -157,41 +163,138 @@ class Governor:
 
     def requests(
         self, decoding: Sequence[EngineSequence], n_ctx_seq: int, room: int
-    ) -> tuple[list[DraftRequest], set[str]]:
-        """Which sequences may draft (at most how many tokens each, keeping the step
-        within `room` batch tokens) and which sources to ask."""
+    ) -> list[DraftRequest]:
+        """The sequences that may draft this step, each with the most tokens it may take
+        (keeping the step within `room` batch tokens). Scores the shadow drafts against
+        what the sequences committed since the last step."""
         self._step += 1
         self._decoding = max(1, len(decoding))
+        self._with_draft = {}
+        self._rates_now = {}
+        self._calls = {}
+        self._by_id = {id(seq): seq for seq in decoding}
+        for seq in decoding:
+            self._score_shadows(seq)
         if not decoding or self.draft_max <= 0 or not self.sources:
-            return [], set()
+            return []
+        plain = self._passes([(i, 1) for i in range(self._decoding)])
+        covered = all(self.cost.covers(n) for n in plain)
+        self._base = self.cost.seconds(plain) if covered else None
         per_sequence = min(self.draft_max, room // len(decoding) - 1)
         requests = []
-        modes = set()
         for seq in decoding:
-            mode = self.mode_of(seq)
             context_left = n_ctx_seq - seq.n_kv - 2
             output_left = seq.params.max_tokens - len(seq.output) - 1
             limit = min(per_sequence, context_left, output_left)
-            if mode != "off" and limit > 0:
+            if self.mode_of(seq) != "off" and limit > 0:
                 requests.append(DraftRequest(seq, limit))
-                modes.add(mode)
-        if not requests:
-            return [], set()
-        if "on" in modes:
-            return requests, set(self.sources)
-        for state in self.sources.values():
-            if not state.enabled and state.probe_left == 0 and self._step >= state.probe_at:
-                state.probe_left = PROBE_DRAFTS
-        asked = {s.name for s in self.sources.values() if s.enabled or s.probe_left > 0}
-        return (requests if asked else []), asked
+        return requests
 
-    def proposed(self, source: str, seconds: float) -> None:
-        """A source's propose call took `seconds`."""
+    def ordered(self) -> list[str]:
+        """Source names, cheapest to ask first (sorted anew every 16 steps): a dear source
+        is asked only where the cheaper ones offer less than it would bring."""
+        since, order = self._order
+        if self._step - since >= 16:
+            order = sorted(self.sources, key=lambda name: self.sources[name].cost.typical())
+            self._order = (self._step, order)
+        return order
+
+    def ask(
+        self, source: str, requests: Sequence[DraftRequest], offered: Sequence[DraftProposal]
+    ) -> list[DraftRequest]:
+        """What to ask `source` this step. All of `requests` if asking costs next to
+        nothing (its drafts are then verified where they pay and scored in shadow where
+        they do not). Otherwise the sequences (and draft lengths) for which its draft is
+        expected to pay, its propose time included, better than the `offered` proposals of
+        the sources asked before it; and those for which a probe is due."""
+        state = self.sources[source]
+        base = self._base
+        priced = base is not None and state.cost.known
+        if priced and base is not None and state.cost.typical() <= PROBE_BUDGET * base:
+            awake = self._step % IDLE_CALLS == 0
+            watched = [
+                request
+                for request in requests
+                if awake or self._own(self._by_id[id(request.seq)], source).idle < IDLE_CALLS
+            ]
+            if watched:
+                self._calls[source] = _Call({}, probe=False)
+            return watched
+        weight = self.cost.prompt_share()
+        seqs = [self._by_id[id(request.seq)] for request in requests]
+        behind = {id(seq): self._behind(seq, self._own(seq, source)) for seq in seqs}
+        rivals = self._rival_gains(offered) if base is not None else {}
+        asked: list[DraftRequest] = []
+        merit = False
+        for request, seq in zip(requests, seqs, strict=True):
+            limit, own = request.max_tokens, self._own(seq, source)
+            if self.mode_of(seq) == "on":
+                asked.append(request)
+                merit = True
+                continue
+
+            def propose(k: int, behind: int = behind[id(seq)]) -> float:
+                return state.cost.predict(k, behind, weight)
+
+            if priced:
+                rates = self._rates(seq, state, own, limit)
+                k, gain = self._best(accepted_by_length(rates), limit, propose)
+                if k > 0 and gain > max(1.0, rivals.get(id(seq), 1.0)):
+                    own.backoff = 0
+                    asked.append(DraftRequest(seq, k))
+                    merit = True
+                    continue
+            if state.credit < 0.0 or self._step < own.probe_at:
+                continue
+            # A probe, paid from the budget. Not where the cheaper sources' drafts would do
+            # better than this one could even if all its drafts came true. While this
+            # request's own evidence leaves room for the source to pay, probe again as
+            # soon as the budget allows; once it shows the source cannot, wait, longer
+            # each time.
+            upper = accepted_by_length(own.acceptance.upper_rates(limit))
+            best_case = self._best(upper, limit, propose if priced else None)[1]
+            if base is not None and best_case <= rivals.get(id(seq), 0.0):
+                continue
+            if priced and best_case < 1.0:
+                own.backoff = min(2 * own.backoff, PROBE_MAX) if own.backoff else PROBE_EVERY
+            else:
+                own.backoff = 0
+            own.probe_at = self._step + max(1, own.backoff)
+            asked.append(DraftRequest(seq, min(PROBE_TOKENS, limit)))
+        if asked:
+            caught_up = {id(request.seq): behind[id(request.seq)] for request in asked}
+            self._calls[source] = _Call(caught_up, probe=not merit)
+        return asked
+
+    def proposed(
+        self,
+        source: str,
+        seconds: float,
+        asked: Sequence[DraftRequest],
+        proposals: Sequence[DraftProposal],
+    ) -> None:
+        """`source` was asked `asked` and answered `proposals` in `seconds`."""
         state = self.sources.get(source)
         if state is None:
             return
+        call = self._calls.pop(source, _Call({}, probe=False))
         state.calls += 1
-        state.propose_seconds += (seconds - state.propose_seconds) / min(state.calls, 20)
+        state.propose_seconds += seconds
+        if call.probe:
+            state.probes += 1
+            state.probe_seconds += seconds
+            state.credit -= seconds
+        drafted = max((len(p.tokens) for p in proposals), default=0)
+        state.cost.observe(seconds, drafted, sum(call.caught_up.values()))
+        by_seq = {id(p.seq): p.tokens for p in proposals}
+        for request in asked:
+            seq = self._by_id[id(request.seq)]
+            own = self._own(seq, source)
+            tokens = by_seq.get(id(seq), ())
+            own.idle = 0 if tokens else own.idle + 1
+            if call.caught_up:  # a dear source: what it has read decides what it costs
+                own.seen = _length(seq)
+                own.proposal = tokens
 
     # ----------------------------------------------------------- planning
 
@@ -201,11 +304,13 @@ class Governor:
         requests: Sequence[DraftRequest],
         proposals: Iterable[DraftProposal],
     ) -> dict[int, DraftProposal]:
-        """The drafts to verify this step, keyed by id(seq), each cut to its chosen length."""
+        """The drafts to verify this step, keyed by id(seq), each cut to its chosen
+        length. What is not verified is scored in shadow."""
         limits = {id(r.seq): r.max_tokens for r in requests}
+        by_id = {id(seq): seq for seq in decoding}
         forced: dict[int, DraftProposal] = {}
         offers: dict[int, _Offer] = {}
-        by_id = {id(seq): seq for seq in decoding}
+        candidates: list[DraftProposal] = []
         for proposal in proposals:
             key = id(proposal.seq)
             seq = by_id.get(key)
@@ -214,41 +319,31 @@ class Governor:
                 continue
             proposal = _cut(proposal, limit)
             state = self.sources.get(proposal.source)
+            if state is not None:
+                candidates.append(proposal)
             if self.mode_of(seq) == "on" or state is None:
                 best = forced.get(key)
                 if best is None or len(proposal.tokens) > len(best.tokens):
                     forced[key] = proposal
-            elif not state.enabled:  # probing: verify a short draft to learn its acceptance
-                if state.probe_left > 0 and key not in forced:
-                    forced[key] = _cut(proposal, PROBE_TOKENS)
-            else:
-                offer = _Offer(proposal, self._expected(key, state, len(proposal.tokens)))
-                if key not in offers or offer.expected[-1] > offers[key].expected[-1]:
-                    offers[key] = offer
-        if not offers:
-            return forced
-        ordered = sorted(decoding, key=_seq_id)  # batch order
-        base = self._passes([(seq.seq_id, 1) for seq in ordered])
-        if not all(self.cost.covers(n) for n in base):
-            return forced  # the plain step is not measured yet: nothing to price against
-        plan = self._plan(ordered, forced, offers)
-        self._note_declined(offers, plan)
+            elif self._base is not None:
+                own = self._own(seq, state.name)
+                expected = accepted_by_length(self._rates(seq, state, own, len(proposal.tokens)))
+                k, gain = self._best(expected, len(expected) - 1)
+                if key not in offers or gain > offers[key].gain:
+                    offers[key] = _Offer(proposal, expected, k, gain)
+        plan = forced
+        if len(decoding) == 1 and offers:  # the one sequence's best length is the plan
+            offer = next(iter(offers.values()))
+            if offer.gain > 1.0:
+                plan = {id(offer.proposal.seq): _cut(offer.proposal, offer.k)}
+        elif offers:
+            plan = self._plan(sorted(decoding, key=_seq_id), forced, offers)
+        for proposal in candidates:
+            chosen = plan.get(id(proposal.seq))
+            verified = len(chosen.tokens) if chosen and chosen.source == proposal.source else 0
+            if verified < len(proposal.tokens):
+                self._shadow(proposal, verified)
         return plan
-
-    def _note_declined(self, offers: dict[int, _Offer], plan: dict[int, DraftProposal]) -> None:
-        """A source whose proposals no plan wants is judged even though none are verified:
-        asking it still costs its propose time."""
-        offered = {offer.proposal.source for offer in offers.values()}
-        chosen = {proposal.source for proposal in plan.values()}
-        for name in offered:
-            state = self.sources[name]
-            if name in chosen:
-                state.declined = 0
-                continue
-            state.declined += 1
-            if state.declined >= MIN_DRAFTS:
-                state.declined = 0
-                self._judge(state, probing=False)
 
     def _plan(
         self,
@@ -296,14 +391,78 @@ class Governor:
         seconds = self.cost.seconds(self._passes(layout))
         return tokens / seconds if seconds > 0 else 0.0
 
-    def _expected(self, key: int, state: SourceState, k: int) -> list[float]:
-        """Expected accepted tokens by draft length for this sequence: its own record,
-        pulled towards its source's."""
-        rates = state.rates(k)
-        record = self._seqs.get((key, state.name))
-        if record is not None:
-            rates = record.rates(k, rates, SEQ_PRIOR)
-        return accepted_by_length(rates)
+    def _best(
+        self,
+        expected: Sequence[float],
+        limit: int,
+        propose: Callable[[int], float] | None = None,
+    ) -> tuple[int, float]:
+        """The draft length (on the ladder, or `limit` itself) with the best speed-up for
+        one sequence of this step, and that speed-up: expected tokens per second, `propose`
+        seconds included, over the plain step's. (0, 0.0) when nothing can be priced."""
+        base = self._base
+        limit = min(limit, len(expected) - 1)
+        if base is None or base <= 0 or limit <= 0:
+            return 0, 0.0
+        n = self._decoding
+        if (n + expected[limit]) / self._drafting_seconds(1) * base / n <= 1.0:
+            return 0, 0.0  # even all its tokens at the price of one would not pay
+        best_k, best = 0, 0.0
+        for k in (*(k for k in K_LADDER if k < limit), limit):
+            seconds = self._drafting_seconds(k) + (propose(k) if propose else 0.0)
+            gain = (n + expected[k]) / seconds * base / n
+            if gain > best:
+                best_k, best = k, gain
+        return best_k, best
+
+    def _drafting_seconds(self, k: int) -> float:
+        """Predicted time of this step with one sequence verifying `k` drafts."""
+        seconds = self._with_draft.get(k)
+        if seconds is None:
+            seconds = self._step_seconds(1, k)
+            self._with_draft[k] = seconds
+        return seconds
+
+    def _rival_gains(self, offered: Sequence[DraftProposal]) -> dict[int, float]:
+        """Per sequence, the best speed-up one of the `offered` drafts would bring (their
+        propose time is spent already)."""
+        gains: dict[int, float] = {}
+        if self._base is None:
+            return gains
+        for proposal in offered:
+            state = self.sources.get(proposal.source)
+            seq = self._by_id.get(id(proposal.seq))
+            if state is None or seq is None or not proposal.tokens:
+                continue
+            own = self._own(seq, state.name)
+            rates = self._rates(seq, state, own, len(proposal.tokens))
+            _, gain = self._best(accepted_by_length(rates), len(proposal.tokens))
+            key = id(proposal.seq)
+            gains[key] = max(gain, gains.get(key, 0.0))
+        return gains
+
+    def _rates(self, seq: EngineSequence, state: SourceState, own: _Own, k: int) -> list[float]:
+        """This request's acceptance by position for the source, for drafts of up to `k`
+        tokens: its own record, pulled towards the source's (computed once a step)."""
+        key = (id(seq), state.name)
+        rates = self._rates_now.get(key)
+        if rates is None or len(rates) < k:
+            general = state.acceptance.rates(max(k, self.draft_max))
+            rates = general
+            if own.acceptance.reached:
+                rates = sequence_rates(own.acceptance, general, SEQ_PRIOR)
+            self._rates_now[key] = rates
+        return rates[:k]
+
+    def _passes(self, layout: Sequence[tuple[int, int]]) -> list[int]:
+        """The backend's passes for `layout` (a pure function of it, so remembered)."""
+        key = tuple(layout)
+        passes = self._split_cache.get(key)
+        if passes is None:
+            if len(self._split_cache) >= 4096:
+                self._split_cache.clear()
+            passes = self._split_cache[key] = self._split(layout)
+        return passes
 
     # ---------------------------------------------------------- learning
 
@@ -313,7 +472,12 @@ class Governor:
         self.cost = self._costs.setdefault(threads, DecodeCost())
 
     def observe_decode(self, layout: Sequence[tuple[int, int]], seconds: float) -> None:
+        """A decode of `layout` took `seconds`: the cost curve learns, and every source's
+        probing budget grows by its share of that time."""
         self.cost.observe(self._passes(layout), seconds)
+        earned = PROBE_BUDGET * seconds
+        for state in self.sources.values():
+            state.credit = min(0.0, state.credit + earned)
 
     def record(self, seq: EngineSequence, draft: DraftProposal, accepted: int) -> None:
         """A verified draft: `accepted` of its tokens were right."""
@@ -326,69 +490,130 @@ class Governor:
         state.drafts += 1
         state.k = k
         state.acceptance.add(k, accepted)
-        self._seqs.setdefault((id(seq), state.name), Acceptance()).add(k, accepted)
-        if state.probe_left > 0:
-            state.probe_left -= 1
-            if state.probe_left == 0:
-                self._judge(state, probing=True)
-        elif self.mode_of(seq) == "auto" and state.drafts >= MIN_DRAFTS:
-            self._judge(state, probing=False)
+        own = self._own(seq, state.name)
+        own.acceptance.add(k, accepted)
+        if accepted:
+            self._hit(own)
 
     def forget(self, seq: EngineSequence) -> None:
-        """The sequence is done: drop what was learned about it alone."""
-        for name in self.sources:
-            self._seqs.pop((id(seq), name), None)
+        """The sequence is done: score its last shadow drafts, drop what was learned about
+        it alone."""
+        self._score_shadows(seq)
+        self._seqs.pop(id(seq), None)
 
-    def _judge(self, state: SourceState, probing: bool) -> None:
-        """Keep the source on while its best draft length is expected to pay, its cost of
-        proposing included; otherwise switch it off until the next probe."""
-        gain = self.expected_gain(state)
-        if gain is None:
-            return
-        state.gain = gain
-        if gain >= 1.0:
-            state.enabled = True
-            state.backoff = PROBE_EVERY
-            state.reason = f"expected gain {gain:.2f}x at acceptance {state.alpha:.2f}"
-            return
-        if probing or state.enabled:
-            state.backoff = min(state.backoff * 2, PROBE_MAX) if probing else PROBE_EVERY
-        state.enabled = False
-        wait = state.backoff * max(1, math.ceil(self.probe_spacing() / PROBE_EVERY))
-        state.probe_at = self._step + wait
-        state.reason = (
-            f"expected gain {gain:.2f}x < 1 at acceptance {state.alpha:.2f}; "
-            f"tried again in {wait} steps"
-        )
+    def _count(self, state: SourceState, own: _Own, position: int, right: bool) -> None:
+        """A shadow draft reached `position`, its token there `right` or not."""
+        if position == 0:
+            state.acceptance.begin()
+            own.acceptance.begin()
+            state.shadowed += 1
+            if right:
+                self._hit(own)
+        state.acceptance.reach(position, right)
+        own.acceptance.reach(position, right)
 
-    def probe_spacing(self) -> int:
-        """Fewest steps between probes for their verification to cost at most
-        `PROBE_BUDGET` of the decoding time; the wait before a probe is the backoff
-        stretched to at least this. On a host where a short draft costs several plain
-        steps, this is what keeps a useless source nearly free."""
-        base = self._step_seconds(drafting=0, k=0)
-        probe = self._step_seconds(drafting=1, k=PROBE_TOKENS)
-        if base <= 0:
-            return PROBE_EVERY
-        return math.ceil(PROBE_DRAFTS * max(0.0, probe - base) / (PROBE_BUDGET * base))
+    def _hit(self, own: _Own) -> None:
+        """A draft's first token was right: whatever this request showed before, its text
+        may have turned to something the source can guess, so it is probed again now."""
+        if own.backoff:
+            own.backoff = 0
+            own.probe_at = min(own.probe_at, self._step)
+
+    def _own(self, seq: EngineSequence, source: str) -> _Own:
+        request = self._seqs.get(id(seq))
+        if request is None:
+            request = self._seqs[id(seq)] = _Request()
+        own = request.sources.get(source)
+        if own is None:
+            # A new request probes a source known to be dear once it has decoded a few
+            # tokens: by then the cheaper sources' drafts show whether it is needed at all.
+            # One whose cost is not known yet is looked at at once.
+            wait = PROBE_EVERY if self.sources[source].cost.known else 0
+            own = request.sources[source] = _Own(probe_at=self._step + wait)
+        return own
+
+    def _behind(self, seq: EngineSequence, own: _Own) -> int:
+        """Tokens the source must catch up on before it can propose for `seq`: what was
+        committed since it last looked, but for the start of its own proposal that came
+        true (a draft model keeps those in its context)."""
+        behind = _length(seq) - own.seen
+        if own.proposal and behind > 0:
+            start = own.seen - len(seq.prompt_tokens)
+            new = seq.output[start : start + len(own.proposal)]
+            kept = 0
+            for mine, real in zip(own.proposal, new, strict=False):
+                if mine != real:
+                    break
+                kept += 1
+            behind -= kept
+        return behind
+
+    def _shadow(self, proposal: DraftProposal, verified: int) -> None:
+        request = self._seqs.get(id(proposal.seq))
+        if request is None or len(request.shadows) >= SHADOWS_MAX:
+            return
+        start = len(proposal.seq.output_tokens)
+        request.shadows.append(ShadowDraft(proposal.source, proposal.tokens, start, verified))
+
+    def _score_shadows(self, seq: EngineSequence) -> None:
+        request = self._seqs.get(id(seq))
+        if request is None or not request.shadows:
+            return
+        for shadow in request.shadows:
+            state, own = self.sources[shadow.source], request.sources[shadow.source]
+            shadow.score(seq.output, functools.partial(self._count, state, own))
+        request.shadows = [shadow for shadow in request.shadows if not shadow.done]
+
+    # ---------------------------------------------------------- judging
 
     def expected_gain(self, state: SourceState) -> float | None:
-        """Best expected speed-up from this source at the last step's number of decoding
-        sequences: one of them drafting, or all of them (which may share a pass)."""
+        """Best expected speed-up from this source over all requests, at the last step's
+        number of decoding sequences (one of them drafting, or all of them, which may
+        share a pass), its propose time included. None before the plain step is priced."""
         n = self._decoding
         if not all(self.cost.covers(size) for size in self._passes([(i, 1) for i in range(n)])):
             return None
         base = self._step_seconds(drafting=0, k=0)
+        weight = self.cost.prompt_share()
         best = 0.0
-        expected = accepted_by_length(state.rates(max(K_LADDER)))
+        expected = accepted_by_length(state.acceptance.rates(max(K_LADDER)))
         for k in K_LADDER:
             if k > self.draft_max:
                 break
             for drafting in {1, n}:
-                seconds = self._step_seconds(drafting, k) + state.propose_seconds
+                propose = state.cost.predict(k, drafting, weight)
+                seconds = self._step_seconds(drafting, k) + propose
                 tokens = n + drafting * expected[k]
                 best = max(best, (tokens / seconds) / (n / base))
         return best
+
+    def _judge(self, state: SourceState) -> None:
+        """Say, for reports, whether the source pays over all requests, how it is asked,
+        and why."""
+        gain = self.expected_gain(state)
+        state.gain = gain
+        evidence = f"at acceptance {state.alpha:.2f} over {state.acceptance.drafts:.0f} drafts"
+        base = self._step_seconds(drafting=0, k=0) if gain is not None else None
+        cheap = base is not None and state.cost.typical() <= PROBE_BUDGET * base
+        if not state.acceptance.reached or gain is None:
+            state.enabled, state.state = True, "new"
+            state.reason = "no drafts yet" if gain is not None else "decode cost not measured yet"
+        elif gain >= 1.0:
+            state.enabled, state.state = True, "drafting"
+            state.reason = f"expected gain {gain:.2f}x {evidence}"
+        elif cheap:
+            state.enabled, state.state = False, "watched"
+            state.reason = (
+                f"expected gain {gain:.2f}x < 1 {evidence}; asked every step (it costs next "
+                "to nothing), verified where a request's own drafts pay"
+            )
+        else:
+            state.enabled, state.state = False, "probed"
+            state.reason = (
+                f"expected gain {gain:.2f}x < 1 {evidence}; asked where its drafts should "
+                f"yield more than the others', else probed within {PROBE_BUDGET:.0%} of "
+                "decode time"
+            )
 
     def _step_seconds(self, drafting: int, k: int) -> float:
         """Predicted time of a step of the last planned size in which the first `drafting`
@@ -402,6 +627,8 @@ class Governor:
 
     def report(self) -> dict[str, Any]:
         """What the governor knows and decided, as plain values (for the API and CLI)."""
+        for state in self.sources.values():
+            self._judge(state)
         return {
             "mode": self.mode,
             "draft_max": self.draft_max,
@@ -409,19 +636,27 @@ class Governor:
                 {
                     "source": s.name,
                     "enabled": s.enabled,
+                    "state": s.state,
                     "reason": s.reason,
                     "proposed": s.proposed,
                     "accepted": s.accepted,
                     "acceptance_rate": round(s.acceptance_rate, 4),
                     "drafts": s.drafts,
+                    "shadow_drafts": s.shadowed,
                     "k": s.k,
                     "expected_gain": None if s.gain is None else round(s.gain, 3),
-                    "propose_ms": round(s.propose_seconds * 1000, 3),
+                    "propose_ms": round(s.propose_seconds / s.calls * 1000, 3) if s.calls else 0.0,
+                    "probes": s.probes,
+                    "probe_ms": round(s.probe_seconds * 1000, 3),
                 }
                 for s in self.sources.values()
             ],
             "pass_ms": {n: round(t * 1000, 3) for n, t in self.cost.curve().items()},
         }
+
+
+def _length(seq: EngineSequence) -> int:
+    return len(seq.prompt_tokens) + len(seq.output)
 
 
 def _seq_id(seq: EngineSequence) -> int:

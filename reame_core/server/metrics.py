@@ -94,7 +94,8 @@ class EngineCollector(Collector):
         )
         enabled = GaugeMetricFamily(
             "reame_draft_source_enabled",
-            "Whether the speculation governor lets the source draft (1) or not (0)",
+            "Whether the source's drafts pay over all requests (1), or are verified only "
+            "where a request's own drafts do (0)",
             labels=["source"],
         )
         length = GaugeMetricFamily(

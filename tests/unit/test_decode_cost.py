@@ -70,6 +70,26 @@ def test_fake_decode_charges_step_cost_per_pass_and_token_cost_per_token(
     assert slept == [pytest.approx(0.5 + 2 * 0.01), pytest.approx(2 * 0.5 + 4 * 0.01)]
 
 
+def test_fake_decode_charges_more_for_a_pass_whose_sequences_carry_several_tokens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(fake_module.time, "sleep", slept.append)
+    backend = FakeBackend(step_cost_s=0.5, multi_token_cost_s=0.25)
+    one_each = Batch()
+    one_each.add(1, 0, 0, True)
+    one_each.add(1, 0, 1, True)
+    apart = Batch()  # passes: one token of each sequence, then two more of seq 1
+    apart.add(2, 1, 0, True)
+    for position in range(1, 4):
+        apart.add(2, position, 1, True)
+
+    backend.decode(one_each)
+    backend.decode(apart)
+
+    assert slept == [pytest.approx(0.5), pytest.approx(2 * 0.5 + 0.25)]
+
+
 # ------------------------------------------------------------------------- cost curve
 
 
@@ -161,3 +181,19 @@ def test_sizes_up_to_32_are_kept_apart_and_larger_sizes_share_buckets() -> None:
     cost.observe([47], 0.5)
 
     assert cost.curve() == {31: 0.1, 32: 0.2, 40: pytest.approx(0.4)}  # median of 0.3, 0.5
+
+
+def test_prompt_share_is_a_token_of_the_largest_pass_next_to_a_one_token_decode() -> None:
+    cost = DecodeCost()
+    cost.observe([1], 0.010)
+    cost.observe([128], 0.320)
+
+    assert cost.prompt_share() == pytest.approx(0.25)
+
+
+def test_prompt_share_is_one_until_a_large_pass_is_measured() -> None:
+    cost = DecodeCost()
+    cost.observe([1], 0.010)
+    cost.observe([2], 0.018)
+
+    assert cost.prompt_share() == 1.0

@@ -1,0 +1,58 @@
+"""What asking a draft source costs, learned from its timed propose calls.
+
+A call's time grows with the tokens it drafts (a draft model decodes once per drafted
+position) and with the tokens it must catch up on first (a draft model decodes into its own
+context what the sequence committed since it last looked: the whole prompt the first time,
+then whatever other sources' drafts added). `ProposeCost` counts a call's work as
+``1 + drafted + catch_up_weight * caught_up`` units and keeps the median time of a unit
+over the last calls; the caller gives the weight of a caught-up token (what a token of a
+prompt chunk costs next to a decode step on this host). A median, because one call now and
+then is slow on a shared host; a unit, so that a first call that caught up a long prompt
+does not make every later call look as dear. What a call has taken lately, whatever it was
+asked, is kept too: a source whose calls cost a fixed few microseconds (prompt lookup) is
+judged by that, not by a per-token model that does not fit it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from reame_core.engine.decode_cost import median
+
+
+class ProposeCost:
+    def __init__(self, window: int = 9) -> None:
+        self._calls: deque[tuple[float, int, int]] = deque(maxlen=window)
+        self._unit: tuple[float, float] | None = None  # (catch_up_weight, seconds a unit)
+        self._typical: float | None = None
+
+    @property
+    def known(self) -> bool:
+        return bool(self._calls)
+
+    def observe(self, seconds: float, drafted: int, caught_up: int) -> None:
+        """A call that drafted at most `drafted` tokens for a sequence and caught up on
+        `caught_up` tokens in all took `seconds`."""
+        self._calls.append((max(0.0, seconds), max(0, drafted), max(0, caught_up)))
+        self._unit = self._typical = None
+
+    def typical(self) -> float:
+        """What a call has taken lately, whatever it was asked (the median; 0.0 before any
+        call): what asking the source every step would cost."""
+        if not self._calls:
+            return 0.0
+        if self._typical is None:
+            self._typical = median(seconds for seconds, _, _ in self._calls)
+        return self._typical
+
+    def predict(self, drafted: int, caught_up: int, catch_up_weight: float) -> float:
+        """Expected seconds of a call drafting `drafted` tokens after catching up on
+        `caught_up` (0.0 before any call)."""
+        if not self._calls:
+            return 0.0
+        if self._unit is None or self._unit[0] != catch_up_weight:
+            per_unit = median(
+                seconds / (1 + d + catch_up_weight * c) for seconds, d, c in self._calls
+            )
+            self._unit = (catch_up_weight, per_unit)
+        return self._unit[1] * (1 + drafted + catch_up_weight * caught_up)
