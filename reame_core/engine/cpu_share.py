@@ -30,6 +30,7 @@ DOWN_AT = 0.4
 UP_AT = 0.25
 INTERVAL = 0.5  # seconds between measurements
 QUIET_WINDOWS = 2  # measurements in a row below UP_AT before a thread is added back
+STALE = 2.0  # seconds: a measurement that would span a longer idle time starts anew
 
 
 @dataclass(frozen=True)
@@ -108,10 +109,12 @@ class CpuShare:
         return wanted
 
     def resume(self) -> None:
-        """The engine had nothing to do for a while: measure from now on, since what the
-        neighbours did meanwhile says little about the work ahead. (A long interval alone
-        means nothing: a step that collapsed beside a neighbour may take seconds.)"""
-        if self._last is not None:
+        """The engine wakes up after having nothing to do. After a long idle time, measure
+        from now on: what the neighbours did meanwhile says little about the work ahead.
+        Short pauses between requests stay in the measurement, or a stream of requests each
+        shorter than an interval would never be measured. (A long interval of work is kept
+        whatever its length: a step that collapsed beside a neighbour may take seconds.)"""
+        if self._last is not None and self._clock() - self._last.wall > STALE:
             self._last = self._read() or self._last
 
     def _wanted(self) -> int:

@@ -121,6 +121,17 @@ def test_an_idle_gap_is_not_taken_for_the_present() -> None:
     assert settle(share, host, others=0.0) == 2
 
 
+def test_short_pauses_between_requests_stay_in_the_measurement() -> None:
+    host = Host()
+    share = share_on(host)
+    for _ in range(4):  # requests of 0.3 s, each followed by an idle moment
+        host.run(0.3, own=2, others=1.0)
+        share.update()
+        host.run(0.05, own=0, others=1.0)
+        share.resume()
+    assert share.threads == 1
+
+
 def test_one_long_collapsed_step_still_counts() -> None:
     host = Host()
     share = share_on(host)
