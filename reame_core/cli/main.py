@@ -9,6 +9,7 @@ settings (hook `reame_add_options`) and whole commands (hook `reame_add_commands
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -18,7 +19,8 @@ from rich.console import Console
 
 from reame_core.errors import ReameError
 from reame_core.logs import configure_logging
-from reame_core.models import DEFAULT_MODEL, looks_like_model_name
+from reame_core.models import DEFAULT_MODEL, looks_like_model_name, parse_model_name
+from reame_core.models.errors import ModelNameError
 from reame_core.plugins import PluginHost
 from reame_core.settings import Settings
 
@@ -224,10 +226,20 @@ def settings_from(args: argparse.Namespace, **extra: Any) -> Settings:
 
 
 def split_model_and_prompt(words: Sequence[str]) -> tuple[str | None, str]:
-    """`reame run [MODEL] [PROMPT...]`: the first word is a model only if it names one."""
-    if words and looks_like_model_name(words[0]):
-        return words[0], " ".join(words[1:])
-    return None, " ".join(words)
+    """`reame run [MODEL] [PROMPT...]`: the first word is the model if it is meant as one.
+
+    A word shaped like a model name that names nothing is an error with suggestions
+    (`ModelNameError`), raised before anything loads, rather than a prompt answered by the
+    default model.
+    """
+    if not words or not looks_like_model_name(words[0]):
+        return None, " ".join(words)
+    try:
+        parse_model_name(words[0])
+    except ModelNameError as error:
+        as_prompt = shlex.join([DEFAULT_MODEL, *words])
+        raise ModelNameError(f"{error} To ask it as a prompt: reame run {as_prompt}") from None
+    return words[0], " ".join(words[1:])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

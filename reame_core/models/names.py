@@ -24,6 +24,9 @@ _REPO = re.compile(rf"{_REPO_PART}/{_REPO_PART}")
 _FILE_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*")
 _QUANT = re.compile(r"[A-Za-z0-9_]{1,32}")
 _ALIAS_LIKE = re.compile(r"[a-z0-9][a-z0-9._-]*")
+# A parameter count as a name part: 9b, 1.5B, 135m (qwen2.5-9b, llama3:8b, 9b).
+_SIZE_PART = re.compile(r"(?:^|[-_.:])\d+(?:\.\d+)?[bm](?=$|[-_.:])", re.IGNORECASE)
+_PATH_START = ("/", "./", "../", "~")
 _SPLIT_PART = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
 _QUANT_IN_NAME = re.compile(r"(?:^|[-_.])(I?Q\d(?:_[A-Z0-9]+)*|B?F16|F32)(?=[-.]|$)", re.IGNORECASE)
 
@@ -77,11 +80,23 @@ def parse_model_name(name: str | None) -> ModelRef:
 
 
 def looks_like_model_name(word: str) -> bool:
-    """Whether a command-line word names a model (or nearly does: a misspelt alias should
-    get suggestions, not be answered as a one-word prompt)."""
-    if word.lower() in CARDS or word.startswith(HUB_PREFIX) or word.endswith(".gguf"):
-        return True
-    return bool(_ALIAS_LIKE.fullmatch(word)) and bool(closest_aliases(word, limit=1, cutoff=0.8))
+    """Whether a command-line word is meant as a model name, known or not.
+
+    A model name is one word without spaces: an alias or a near miss of one, ``hf:...``, a
+    path, a ``.gguf`` file, a Hugging Face repository with GGUF in its name, or a name with
+    a parameter count (``qwen2.5-9b``, ``llama3:8b``). Such a word that names nothing must
+    get suggestions rather than be answered as a prompt.
+    """
+    if not word or any(char.isspace() for char in word):
+        return False
+    return (
+        word.lower() in CARDS
+        or word.startswith((HUB_PREFIX, *_PATH_START))
+        or word.endswith(".gguf")
+        or bool(_SIZE_PART.search(word))
+        or (bool(_REPO.fullmatch(word)) and "gguf" in word.lower())
+        or (bool(_ALIAS_LIKE.fullmatch(word)) and bool(closest_aliases(word, limit=1, cutoff=0.8)))
+    )
 
 
 def hub_name(repo: str, file: str) -> str:
@@ -115,7 +130,7 @@ def _parse_hub_reference(name: str) -> HubModel:
 
 
 def _unknown_name_message(name: str) -> str:
-    close = closest_aliases(name)
+    close = [f"{HUB_PREFIX}{name}"] if _REPO.fullmatch(name) else closest_aliases(name)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
     return (
         f"Unknown model {name!r}.{hint} Use an alias (`reame ls --all` lists them), "

@@ -52,14 +52,55 @@ def fake_runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Runtime]]:
         (["./models/x.gguf"], "./models/x.gguf", ""),
         (["qwen2.5-1.5b", "Summarize", "this"], "qwen2.5-1.5b", "Summarize this"),
         (["hf:owner/repo:Q8_0", "hi"], "hf:owner/repo:Q8_0", "hi"),
-        (["qwen2.5-1.5", "hi"], "qwen2.5-1.5", "hi"),
+        (["What is 2+2?"], None, "What is 2+2?"),
         ([], None, ""),
     ],
 )
-def test_first_word_is_a_model_only_if_it_names_one(
+def test_first_word_is_a_model_only_if_it_is_shaped_like_one(
     words: list[str], model: str | None, prompt: str
 ) -> None:
     assert cli_main.split_model_and_prompt(words) == (model, prompt)
+
+
+@pytest.mark.parametrize("word", ["qwen2.5-nonexistent-9b", "qwen2.5-1.5x", "./models/none"])
+def test_a_model_word_that_names_nothing_is_an_error_with_suggestions(
+    word: str,
+    fake_runtime: list[Runtime],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr("sys.stdin", _Stdin("", tty=True))
+    assert cli_main.main(["run", word, "hi"]) == 1
+    err = capsys.readouterr().err
+    assert f"Unknown model {word!r}" in err
+    assert f"reame run smollm2-135m {word} hi" in err
+    assert fake_runtime == []
+
+
+def test_an_unknown_family_size_name_gets_the_closest_aliases(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.stdin", _Stdin("", tty=True))
+    assert cli_main.main(["run", "qwen2.5-9b", "hi"]) == 1
+    assert "Did you mean qwen2.5-7b" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("prompt", ["a question", "What is 2+2?"])
+def test_a_quoted_prompt_is_answered_by_the_default_model(
+    prompt: str, fake_runtime: list[Runtime], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sys.stdin", _Stdin("", tty=True))
+    asked: list[str] = []
+    original_reply = cli_run.reply
+
+    def reply(runtime: Runtime, conversation: cli_run.Conversation, out: TextIO) -> str:
+        asked.append(conversation.messages[-1]["content"])
+        return original_reply(runtime, conversation, out)
+
+    monkeypatch.setattr(cli_run, "reply", reply)
+    assert cli_main.main(["run", prompt, "--max-tokens", "4"]) == 0
+    assert asked == [prompt]
+    assert fake_runtime[0].settings.model == "smollm2-135m"
 
 
 def test_one_shot_prints_the_answer_and_exits_zero(

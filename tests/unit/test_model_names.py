@@ -118,6 +118,38 @@ def test_a_misspelt_alias_counts_as_a_model_name_not_as_a_prompt(word: str, is_m
 
 
 @pytest.mark.parametrize(
+    "word",
+    [
+        "qwen2.5-nonexistent-9b",
+        "llama3:8b",
+        "Mistral-7B-Instruct",
+        "9b",
+        "135m",
+        "./models/mine",
+        "/srv/models/mine",
+        "~/mine",
+        "bartowski/Qwen2.5-3B-Instruct-GGUF",
+    ],
+)
+def test_a_word_shaped_like_a_model_name_counts_as_one_even_if_unknown(word: str) -> None:
+    assert looks_like_model_name(word)
+
+
+@pytest.mark.parametrize(
+    "word", ["What is 2+2?", "a question", "2+2", "hi", "and/or", "10km", "Explain:"]
+)
+def test_a_prompt_word_does_not_count_as_a_model_name(word: str) -> None:
+    assert not looks_like_model_name(word)
+
+
+def test_a_repository_without_hf_prefix_is_told_to_add_it() -> None:
+    with pytest.raises(ModelNameError) as raised:
+        parse_model_name("bartowski/Qwen2.5-3B-Instruct-GGUF")
+
+    assert "Did you mean hf:bartowski/Qwen2.5-3B-Instruct-GGUF?" in str(raised.value)
+
+
+@pytest.mark.parametrize(
     ("file", "quant"),
     [
         ("qwen2.5-1.5b-instruct-q4_k_m.gguf", "Q4_K_M"),
