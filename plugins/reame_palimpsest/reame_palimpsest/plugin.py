@@ -7,7 +7,7 @@ is not active yet, and the plugin says so rather than claiming it.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ByteSize, ConfigDict, Field
 
 from reame_core.hookspecs import hookimpl
 from reame_core.hooktypes import ModelInfo
@@ -17,9 +17,15 @@ NAME = "palimpsest"
 
 
 class PalimpsestSettings(BaseModel):
-    """Options of the `palimpsest` plugin (none yet; unknown keys are refused)."""
+    """Options of the `palimpsest` plugin (unknown keys are refused)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    budget: ByteSize | None = Field(
+        None,
+        description="Most bytes the archive may take (e.g. 1GiB, 100MB); default: the host "
+        "plan's (5% of the free disk, at most 1 GiB).",
+    )
 
 
 @hookimpl
