@@ -1,7 +1,8 @@
 """Logging setup: readable console lines by default, JSON lines for servers.
 
-Prompts and API keys are never logged unless `log_prompts` is set; code that would log a
-prompt checks `prompts_allowed()` first.
+API keys are never logged. Prompts and outputs are logged only when `log_prompts` is set
+(`reame serve --log-prompts`: one ``exchange`` line per request); code that would log them
+checks `prompts_allowed()` first.
 """
 
 from __future__ import annotations

@@ -78,7 +78,9 @@ class Settings(BaseSettings):
     disable_plugins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
     log_json: bool = False
-    log_prompts: bool = False
+    log_prompts: bool = Field(
+        False, description="Log each API request's prompt and outputs (never logged otherwise)."
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)

@@ -39,9 +39,6 @@ def _settings_flags(parser: argparse.ArgumentParser, plugins: PluginHost | None)
         help="do not load this plugin (repeatable)",
     )
     group.add_argument("--log-json", action="store_true", default=None, help="JSON log lines")
-    group.add_argument(
-        "--log-prompts", action="store_true", default=None, help="allow prompts in logs"
-    )
     group.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     if plugins is not None:
         plugins.hook.reame_add_options(parser=parser)
@@ -143,6 +140,12 @@ def build_parser(plugins: PluginHost | None = None) -> argparse.ArgumentParser:
         help="allow this origin (repeatable; default: CORS off)",
     )
     serve.add_argument("--max-sessions", type=int, help="conversations whose KV stays pinned")
+    serve.add_argument(
+        "--log-prompts",
+        action="store_true",
+        default=None,
+        help="log each request's prompt and outputs (never logged otherwise)",
+    )
     _engine_flags(serve, plugins)
 
     pull = commands.add_parser(
@@ -253,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             model, prompt = split_model_and_prompt(args.words)
             settings = settings_from(args, model=model)
-            configure_logging(json=settings.log_json, level=_quiet(settings), prompts=False)
+            configure_logging(json=settings.log_json, level=_quiet(settings))
             if args.explain:
                 from reame_core.cli.config import config_command
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import structlog
 from litestar import Controller, Request, Response, get, post
 from litestar.background_tasks import BackgroundTask
 from litestar.datastructures import State
@@ -18,6 +19,7 @@ from litestar.params import JSONBody
 from litestar.response import Stream
 
 from reame_core.errors import ContextOverflowError
+from reame_core.logs import prompts_allowed
 from reame_core.request import FinishEvent, GenerationRequest, TokenEvent, TokenLogprob
 from reame_core.runtime import Runtime
 from reame_core.server import shapes
@@ -35,6 +37,8 @@ from reame_core.server.service import (
 
 SESSION_HEADER = "x-session-id"
 
+log = structlog.get_logger(__name__)
+
 
 def _sse(payload: dict[str, Any] | str) -> bytes:
     data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
@@ -51,11 +55,13 @@ class _Job:
         requests: list[GenerationRequest],
         kind: str,
         stream: bool,
+        prompt: Any = None,
     ) -> None:
         self.state = state
         self.runtime = runtime
         self.requests = requests
         self.kind = kind  # "chat" or "text"
+        self.prompt = prompt  # as the client sent it: logged only if prompts may be
         self.id = completion_id("chatcmpl" if kind == "chat" else "cmpl")
         self.created = now()
         self.model = runtime.backend.info.name
@@ -92,11 +98,22 @@ class _Job:
         self._last_event = moment
 
     async def events(self) -> AsyncIterator[tuple[int, TokenEvent | FinishEvent]]:
+        outputs: dict[int, str] | None = {} if prompts_allowed() else None
         try:
             async for index, event in self.submission.events():
+                if outputs is not None and isinstance(event, FinishEvent):
+                    for result in event.candidates:
+                        outputs[self.choice_index(index, result.candidate)] = result.text
                 yield index, event
         finally:
             self.release()
+            if outputs is not None:  # --log-prompts: the operator asked for the contents
+                log.info(
+                    "exchange",
+                    id=self.id,
+                    prompt=self.prompt,
+                    outputs=[outputs[position] for position in sorted(outputs)],
+                )
 
     def release(self) -> None:
         """End the call however it ends: cancel what still runs (a client that hung up
@@ -318,7 +335,8 @@ async def _serve(request: Request[Any, Any, Any], data: Any, kind: str) -> Respo
     else:
         requests = completion_requests(runtime, body, extensions, session)
     try:
-        job = _Job(server, runtime, requests, kind, body.stream)
+        prompt = data.get("messages" if kind == "chat" else "prompt")
+        job = _Job(server, runtime, requests, kind, body.stream, prompt)
     except ContextOverflowError as error:
         error.param = "messages" if kind == "chat" else "prompt"
         raise
