@@ -47,7 +47,9 @@ class FakeBackend:
     A decode costs `step_cost_s` per pass over the weights (cut as llama.cpp cuts a batch
     with per-sequence KV) plus `token_cost_s` per token, plus `multi_token_cost_s` per pass
     whose sequences carry several tokens each: llama.cpp computes one-token sequences along
-    a faster kernel path (on a 2-core EPYC a 2-token pass costs 2.3 one-token passes)."""
+    a faster kernel path (on a 2-core EPYC a 2-token pass costs 2.3 one-token passes).
+    `recurrent` models a recurrent or hybrid state: llama.cpp refuses to remove part of such
+    a sequence, tail included."""
 
     def __init__(
         self,
@@ -61,10 +63,12 @@ class FakeBackend:
         token_cost_s: float = 0.0,
         multi_token_cost_s: float = 0.0,
         prefix_trim_safe: bool = True,
+        recurrent: bool = False,
         n_threads: int = 1,
         name: str = "fake",
     ) -> None:
         self.context = context
+        self.recurrent = recurrent
         self.eos_every = eos_every
         self.step_cost_s = step_cost_s
         self.token_cost_s = token_cost_s
@@ -93,7 +97,7 @@ class FakeBackend:
             add_bos=True,
             fim=FimTokens(FIM_PRE, FIM_SUF, FIM_MID),
             chat_template=CHATML_TEMPLATE,
-            prefix_trim_safe=prefix_trim_safe,
+            prefix_trim_safe=prefix_trim_safe and not recurrent,
             kv_type="tokens",
             n_threads=n_threads,
         )
@@ -187,6 +191,8 @@ class FakeBackend:
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
         cells = self.kv[seq_id]
         start = max(p0, 0)
+        if self.recurrent and start > 0:
+            return False
         if p1 < 0 or p1 >= len(cells):
             del cells[start:]
             return True

@@ -49,6 +49,10 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+class KVRollbackError(RuntimeError):
+    """The model could not drop rejected draft tokens from a sequence's KV."""
+
+
 class KVSlots:
     def __init__(
         self, backend: Backend, max_sessions: int | None = None, *, exact_reuse: bool = True
@@ -156,11 +160,22 @@ class KVSlots:
         slot.exact = min(slot.exact, length)
 
     def rollback(self, slot: Slot, length: int) -> None:
-        """Drop the rejected draft tokens decoded past `length` in the last step."""
-        if length < len(slot.tokens):
-            self._backend.seq_rm(slot.seq_id, length)
-            del slot.tokens[length:]
-            slot.exact = min(slot.exact, length)
+        """Drop the rejected draft tokens decoded past `length` in the last step.
+
+        A model that cannot remove a tail (a recurrent or hybrid state) refuses. Its
+        sequence must not go on after tokens it did not accept, nor may a later request
+        reuse them: the slot is cleared and `KVRollbackError` ends the step.
+        """
+        if length >= len(slot.tokens):
+            return
+        if not self._backend.seq_rm(slot.seq_id, length):
+            self.truncate(slot, 0)
+            raise KVRollbackError(
+                f"the model kept rejected draft tokens in slot {slot.seq_id} (it cannot "
+                "remove part of a sequence); run it with --speculate off"
+            )
+        del slot.tokens[length:]
+        slot.exact = min(slot.exact, length)
 
     def copy(self, src: Slot, dst: Slot, length: int) -> None:
         """Make `dst` hold the first `length` tokens of `src`."""

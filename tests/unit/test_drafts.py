@@ -184,6 +184,17 @@ def test_greedy_output_with_drafts_equals_output_without(
     assert result.usage.draft_proposed[SOURCE] > 0
 
 
+def test_drafts_a_model_cannot_take_back_fail_the_request_instead_of_being_kept(
+    make_engine: MakeEngine, tokenize: Tokenize
+) -> None:
+    engine = make_engine(speculate="on", plugins=drafting(AlwaysWrong()), recurrent=True)
+
+    result = engine.generate(request(tokenize(PROMPTS[0]), max_tokens=20))
+
+    assert result.error is not None and "KVRollbackError" in result.error
+    assert all(cells == [] for cells in fake(engine).kv.values())
+
+
 @pytest.mark.parametrize("source", GREEDY_SOURCES)
 def test_rollback_leaves_the_kv_holding_exactly_the_prompt_and_output(
     make_engine: MakeEngine,

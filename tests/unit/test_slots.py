@@ -8,7 +8,7 @@ import pytest
 
 from reame_core.backend.base import Batch
 from reame_core.backend.fake import FakeBackend
-from reame_core.engine.slots import KVSlots, Slot
+from reame_core.engine.slots import KVRollbackError, KVSlots, Slot
 
 
 @pytest.fixture
@@ -224,3 +224,17 @@ def test_longest_prefix_on_an_untrimmable_model_skips_a_slot_cut_by_the_limit(
     fill(untrimmable, slots, slots.slots[0], [1, 2, 3])
 
     assert slots.longest_prefix([1, 2, 3], limit=2) is None
+
+
+def test_rollback_the_model_refuses_clears_the_slot_and_says_so() -> None:
+    recurrent = FakeBackend(n_seq_max=2, recurrent=True)
+    slots = KVSlots(recurrent)
+    slot = slots.slots[0]
+    fill(recurrent, slots, slot, [1, 2, 3])
+    fill(recurrent, slots, slot, [4, 5, 6])
+
+    with pytest.raises(KVRollbackError, match="--speculate off"):
+        slots.rollback(slot, 4)
+
+    assert slot.tokens == []
+    assert_in_step(recurrent, slots)
