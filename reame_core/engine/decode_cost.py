@@ -28,12 +28,12 @@ class DecodeCost:
         if len(passes) != 1 or passes[0] <= 0 or seconds <= 0:
             return
         size = _bucket(passes[0])
-        recent = self._recent.get(size)
-        if recent is None:
-            bisect.insort(self._sizes, size)
-            recent = self._recent[size] = deque(maxlen=self.window)
+        known = size in self._recent
+        recent = self._recent.setdefault(size, deque(maxlen=self.window))
         recent.append(seconds)
         self._seconds[size] = median(recent)
+        if not known:  # listed last: a reader on another thread (/metrics) finds its price
+            bisect.insort(self._sizes, size)
 
     def covers(self, n: int) -> bool:
         """Whether a pass of `n` tokens is priced from measurements of that size or smaller

@@ -7,11 +7,14 @@ are recorded instead of slept, so nothing here depends on wall-clock time.
 
 from __future__ import annotations
 
+import bisect
+
 import pytest
 
 from reame_core.backend import fake as fake_module
 from reame_core.backend.base import Batch, equal_split_passes, simple_split_passes
 from reame_core.backend.fake import FakeBackend
+from reame_core.engine import decode_cost
 from reame_core.engine.decode_cost import DecodeCost
 
 # ----------------------------------------------------------------------------- passes
@@ -197,3 +200,21 @@ def test_prompt_share_is_one_until_a_large_pass_is_measured() -> None:
     cost.observe([2], 0.018)
 
     assert cost.prompt_share() == 1.0
+
+
+def test_a_reader_on_another_thread_never_sees_a_size_without_its_price(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cost = DecodeCost()
+    cost.observe([1], 0.010)
+    insort = bisect.insort
+    read_meanwhile: list[dict[int, float]] = []
+
+    def insort_while_read(sizes: list[int], size: int) -> None:
+        insort(sizes, size)
+        read_meanwhile.append(cost.curve())  # a /metrics scrape at this very moment
+
+    monkeypatch.setattr(decode_cost.bisect, "insort", insort_while_read)
+    cost.observe([8], 0.020)
+
+    assert read_meanwhile == [{1: 0.010, 8: 0.020}]
