@@ -175,9 +175,6 @@ class Settings(BaseSettings):
         copy._plugin_defaults = {name: dict(values) for name, values in defaults.items()}
         return copy
 
-    def plugin_enabled(self, name: str) -> bool:
-        return name not in self.disable_plugins
-
     @property
     def cache_path(self) -> Path:
         return self.cache_dir.expanduser() if self.cache_dir else default_cache_dir()

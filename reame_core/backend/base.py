@@ -83,14 +83,6 @@ class Backend(Protocol):
         """Make `dst` a full copy of `src` (trim it afterwards with `seq_rm`)."""
         ...
 
-    def seq_keep(self, seq_id: int) -> None:
-        """Forget every sequence but this one."""
-        ...
-
-    def seq_pos_max(self, seq_id: int) -> int:
-        """Largest position held for the sequence, -1 if empty."""
-        ...
-
     def get_seq_state(self, seq_id: int) -> bytes:
         """The sequence's KV state, serialized."""
         ...
@@ -137,9 +129,3 @@ def simple_split_passes(n_tokens: int, n_ubatch: int) -> list[int]:
     """The passes of llama.cpp's simple split (unified KV): consecutive runs of tokens."""
     full, rest = divmod(n_tokens, n_ubatch)
     return [n_ubatch] * full + ([rest] if rest else [])
-
-
-def detokenize(backend: Backend, tokens: Sequence[int], *, special: bool = False) -> str:
-    """Whole-sequence detokenization (bytes joined before decoding)."""
-    data = b"".join(backend.token_bytes(token, special=special) for token in tokens)
-    return data.decode("utf-8", errors="replace")

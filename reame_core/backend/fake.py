@@ -204,14 +204,6 @@ class FakeBackend:
     def seq_cp(self, src: int, dst: int) -> None:
         self.kv[dst] = list(self.kv[src])
 
-    def seq_keep(self, seq_id: int) -> None:
-        for seq in self.kv:
-            if seq != seq_id:
-                self.kv[seq] = []
-
-    def seq_pos_max(self, seq_id: int) -> int:
-        return len(self.kv[seq_id]) - 1
-
     def get_seq_state(self, seq_id: int) -> bytes:
         return _STATE_MAGIC + array("i", self.kv[seq_id]).tobytes()
 

@@ -381,12 +381,6 @@ class LlamaBackend:
         llama_cpp.llama_memory_seq_rm(self._memory, dst, -1, -1)
         llama_cpp.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
 
-    def seq_keep(self, seq_id: int) -> None:
-        llama_cpp.llama_memory_seq_keep(self._memory, seq_id)
-
-    def seq_pos_max(self, seq_id: int) -> int:
-        return int(llama_cpp.llama_memory_seq_pos_max(self._memory, seq_id))
-
     def get_seq_state(self, seq_id: int) -> bytes:
         size = llama_cpp.llama_state_seq_get_size(self._ctx, seq_id)
         buf = (ctypes.c_uint8 * size)()

@@ -625,8 +625,6 @@ class Engine:
         kept_logprobs = tuple(logprobs[: len(committed)])
         for item in kept_logprobs:
             seq.cumulative_logprob += item.logprob
-        if kept_logprobs:
-            seq.group.logprobs.setdefault(seq.candidate, []).extend(kept_logprobs)
         self.stats.generated_tokens += len(committed)
         if committed:
             seq.next_token = committed[-1]

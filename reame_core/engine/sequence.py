@@ -7,7 +7,6 @@ and the token it will feed next. It does not touch the backend: the engine does.
 from __future__ import annotations
 
 import enum
-import time
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
@@ -22,7 +21,6 @@ from reame_core.request import (
     FinishReason,
     GenerationRequest,
     SamplingParams,
-    TokenLogprob,
     Usage,
 )
 
@@ -109,7 +107,6 @@ class RequestGroup:
 
     request: GenerationRequest
     emit: Callable[[Event], None]
-    submitted: float = field(default_factory=time.perf_counter)
     sequences: list[Sequence] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
     store_points: list[int] = field(default_factory=list)
@@ -117,7 +114,6 @@ class RequestGroup:
     prefill_done: float = 0.0
     cancelled: bool = False
     stop_others: bool = False
-    logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)
 
     @property
     def done(self) -> bool:
