@@ -560,7 +560,7 @@ class Engine:
         group = seq.group
         group.prefill_done = time.perf_counter()
         group.usage.prompt_ms = (group.prefill_done - group.prefill_started) * 1000
-        siblings = [s for s in group.sequences if s.phase is Phase.WAITING]
+        siblings = [s for s in group.sequences if s.phase is Phase.AWAITING_CLONE]
         for sibling in siblings:
             self.slots.copy(seq.slot, sibling.slot, seq.n_kv)
         for candidate in [seq, *siblings]:

@@ -26,7 +26,9 @@ from reame_core.request import (
 
 
 class Phase(enum.Enum):
-    WAITING = "waiting"  # reserved a slot; its KV arrives with a clone from candidate 0
+    # Candidates after the first: the slot is theirs; the prompt's KV is copied into it
+    # from candidate 0 once that one has computed it.
+    AWAITING_CLONE = "awaiting_clone"
     PREFILL = "prefill"
     DECODING = "decoding"
     FINISHED = "finished"
@@ -44,7 +46,7 @@ class Sequence:
         self.candidate = candidate
         self.slot = slot
         self.sampler = sampler
-        self.phase = Phase.PREFILL if candidate == 0 else Phase.WAITING
+        self.phase = Phase.PREFILL if candidate == 0 else Phase.AWAITING_CLONE
         self.output: list[int] = []
         self.next_token = -1
         self.text = TextStream(group.request.params.stop)
