@@ -22,7 +22,7 @@ from reame_core.errors import ContextOverflowError
 from reame_core.logs import prompts_allowed
 from reame_core.request import FinishEvent, GenerationRequest, TokenEvent, TokenLogprob
 from reame_core.runtime import Runtime
-from reame_core.server import shapes
+from reame_core.server import responses
 from reame_core.server.errors import APIError
 from reame_core.server.schemas import ChatCompletionRequest, CompletionRequest, parse_body
 from reame_core.server.service import (
@@ -130,8 +130,8 @@ class _Job:
         if self.requests[0].params.logprobs is None:
             return None
         if self.kind == "chat":
-            return shapes.chat_logprobs(items, self.token_bytes)
-        return shapes.completion_logprobs(items, self.token_bytes, offset)
+            return responses.chat_logprobs(items, self.token_bytes)
+        return responses.completion_logprobs(items, self.token_bytes, offset)
 
     # ------------------------------------------------------------- one shot
 
@@ -166,7 +166,7 @@ class _Job:
                         "finish_reason": result.finish_reason,
                     }
                 choices.append(choice)
-        usage = shapes.merge_usage([finished[i].usage for i in sorted(finished)])
+        usage = responses.merge_usage([finished[i].usage for i in sorted(finished)])
         return {
             "id": self.id,
             "object": "chat.completion" if self.kind == "chat" else "text_completion",
@@ -174,8 +174,8 @@ class _Job:
             "model": self.model,
             "system_fingerprint": self.runtime.backend.info.fingerprint[:16],
             "choices": choices,
-            "usage": shapes.usage_body(usage),
-            "timings": shapes.timings_body(usage),
+            "usage": responses.usage_body(usage),
+            "timings": responses.timings_body(usage),
         }
 
     # ------------------------------------------------------------ streaming
@@ -272,9 +272,9 @@ class _Job:
                     )
             yield _sse(self._chunk(closing, with_usage=include_usage))
         if include_usage:
-            usage = shapes.merge_usage(usages)
-            final = self._chunk([], shapes.usage_body(usage), with_usage=True)
-            final["timings"] = shapes.timings_body(usage)
+            usage = responses.merge_usage(usages)
+            final = self._chunk([], responses.usage_body(usage), with_usage=True)
+            final["timings"] = responses.timings_body(usage)
             yield _sse(final)
         yield _sse("[DONE]")
 

@@ -1,6 +1,6 @@
-"""OpenAI's response shapes, built from the engine's results.
+"""OpenAI's response bodies (usage, timings, logprobs), built from the engine's results.
 
-Pure functions from engine values to JSON-ready dicts, so the shapes are tested on their own.
+Pure functions from engine values to JSON-ready dicts, so they are tested on their own.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from reame_core.request import TokenLogprob, Usage
-from reame_core.server.shapes import completion_logprobs, timings_body, usage_body
+from reame_core.server.responses import completion_logprobs, timings_body, usage_body
 
 PIECES = {1: b"a", 2: b"\xc3", 3: b"\xa9", 4: b"b"}
 
