@@ -30,7 +30,7 @@ from reame_core.backend.base import Backend, Batch, DecodeError
 from reame_core.engine.cpu_share import CpuShare
 from reame_core.engine.governor import Governor, Mode
 from reame_core.engine.sampler import TokenSampler
-from reame_core.engine.sequence import Phase, RequestGroup, Sequence
+from reame_core.engine.sequence import Candidate, Phase, RequestGroup
 from reame_core.engine.slots import KVSlots, Slot, common_prefix
 from reame_core.errors import ContextOverflowError, RequestError
 from reame_core.hooktypes import CandidateView, DraftProposal, DraftRequest, Verification
@@ -70,7 +70,7 @@ class EngineStats:
 
 @dataclass
 class _Planned:
-    seq: Sequence
+    seq: Candidate
     tokens: list[int]
     draft: DraftProposal | None = None
 
@@ -410,9 +410,9 @@ class Engine:
         match = self.slots.longest_prefix(prompt, limit)
         slot = self.slots.acquire(prefer=match.slot if match else None, session=request.session_id)
         # Sequences own their slots from here on, so a failure below releases them.
-        group.sequences.append(Sequence(group, 0, slot, sampler))
+        group.sequences.append(Candidate(group, 0, slot, sampler))
         for candidate in range(1, request.n):
-            sibling = Sequence(
+            sibling = Candidate(
                 group, candidate, self.slots.acquire(), sampler.fork(seed + candidate)
             )
             group.sequences.append(sibling)
@@ -456,7 +456,7 @@ class Engine:
         self.slots.truncate(slot, min(hit.n_tokens, limit))
         return len(slot.tokens) > reused
 
-    def _store_prefix(self, seq: Sequence) -> None:
+    def _store_prefix(self, seq: Candidate) -> None:
         points = seq.group.store_points
         if points and points[0] == seq.n_kv:
             points.pop(0)
@@ -466,7 +466,7 @@ class Engine:
 
     # ------------------------------------------------------------- planning
 
-    def _plan_decoding(self, batch: Batch, decoding: list[Sequence]) -> list[_Planned]:
+    def _plan_decoding(self, batch: Batch, decoding: list[Candidate]) -> list[_Planned]:
         drafts: dict[int, DraftProposal] = {}
         if self._drafting and decoding:
             # Prompt chunks have calls of their own: the decode batch may fill n_batch.
@@ -504,7 +504,7 @@ class Engine:
         return proposals
 
     def _plan_prefill(
-        self, prefilling: list[Sequence], busy: bool
+        self, prefilling: list[Candidate], busy: bool
     ) -> list[tuple[Batch, list[_Planned]]]:
         """One batch per prompt chunk. While others decode, at most `prefill_chunk` prompt
         tokens run per step, so a long prompt cannot freeze their streams."""
@@ -524,7 +524,7 @@ class Engine:
             budget -= take
         return calls
 
-    def _chunk_length(self, seq: Sequence, budget: int) -> int:
+    def _chunk_length(self, seq: Candidate, budget: int) -> int:
         """How many prompt tokens to compute now: within the budget, ending at the next
         store point, and never leaving or making a one-token chunk (a chunk of one is
         computed along the decode path, so its KV would differ from a cold prefill's)."""
@@ -542,7 +542,7 @@ class Engine:
     # ------------------------------------------------------------- sampling
 
     def _pick(
-        self, seq: Sequence, row: np.ndarray, pending: Seq[int] = ()
+        self, seq: Candidate, row: np.ndarray, pending: Seq[int] = ()
     ) -> tuple[int, TokenLogprob | None]:
         if self._constrained:
             self.hook.reame_constrain_logits(seq=seq, pending=pending, logits=row)
@@ -556,7 +556,7 @@ class Engine:
         # Log-probabilities are the model's own (raw logits), as OpenAI and llama-server report.
         return token, (sampler.logprob(row, token, top) if top is not None else None)
 
-    def _prompt_ready(self, seq: Sequence, row: np.ndarray) -> None:
+    def _prompt_ready(self, seq: Candidate, row: np.ndarray) -> None:
         group = seq.group
         group.prefill_done = time.perf_counter()
         group.usage.prompt_ms = (group.prefill_done - group.prefill_started) * 1000
@@ -571,7 +571,7 @@ class Engine:
             self._commit(candidate, [token], [logprob] if logprob else [])
 
     def _verify(
-        self, seq: Sequence, draft: DraftProposal, rows: np.ndarray, elapsed: float
+        self, seq: Candidate, draft: DraftProposal, rows: np.ndarray, elapsed: float
     ) -> None:
         if self._constrained:
             for i in range(len(rows)):
@@ -602,7 +602,7 @@ class Engine:
 
     # ----------------------------------------------------------- committing
 
-    def _commit(self, seq: Sequence, tokens: list[int], logprobs: list[TokenLogprob]) -> None:
+    def _commit(self, seq: Candidate, tokens: list[int], logprobs: list[TokenLogprob]) -> None:
         params = seq.params
         eog = self.info.eog
         committed: list[int] = []
@@ -637,7 +637,7 @@ class Engine:
         if reason is not None:
             self._finish(seq, reason)
 
-    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+    def _finish(self, seq: Candidate, reason: FinishReason) -> None:
         seq.phase = Phase.FINISHED
         seq.finish_reason = reason
         group = seq.group
@@ -655,7 +655,7 @@ class Engine:
                     if not other.finished:
                         self._finish(other, "stop")
 
-    def _ended(self, seq: Sequence) -> None:
+    def _ended(self, seq: Candidate) -> None:
         """Every sequence passes here once, however it ends."""
         self.governor.forget(seq)
         reason = seq.finish_reason or "stop"

@@ -41,7 +41,7 @@ from reame_core.engine.acceptance import (
 )
 from reame_core.engine.decode_cost import DecodeCost
 from reame_core.engine.propose_cost import ProposeCost
-from reame_core.engine.sequence import Sequence as EngineSequence
+from reame_core.engine.sequence import Candidate as EngineSequence
 from reame_core.hooktypes import DraftProposal, DraftRequest
 
 Mode = Literal["auto", "on", "off"]

@@ -1,14 +1,13 @@
 """One candidate of one request, as it moves through the engine: the state it holds.
 
-A `Sequence` knows its prompt, what it has generated, how far its prompt is in the KV
+A `Candidate` knows its prompt, what it has generated, how far its prompt is in the KV
 and the token it will feed next. It does not touch the backend: the engine does.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
-from collections.abc import Sequence as Seq
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +33,7 @@ class Phase(enum.Enum):
     FINISHED = "finished"
 
 
-class Sequence:
+class Candidate:
     def __init__(
         self,
         group: RequestGroup,
@@ -60,11 +59,11 @@ class Sequence:
         return self.group.request.request_id
 
     @property
-    def prompt_tokens(self) -> Seq[int]:
+    def prompt_tokens(self) -> Sequence[int]:
         return self.group.request.prompt_tokens
 
     @property
-    def output_tokens(self) -> Seq[int]:
+    def output_tokens(self) -> Sequence[int]:
         return self.output
 
     @property
@@ -100,7 +99,8 @@ class Sequence:
         )
 
     def __repr__(self) -> str:
-        return f"<Sequence {self.request_id}/{self.candidate} seq={self.seq_id} {self.phase.value}>"
+        phase = self.phase.value
+        return f"<Candidate {self.request_id}/{self.candidate} seq={self.seq_id} {phase}>"
 
 
 @dataclass
@@ -109,7 +109,7 @@ class RequestGroup:
 
     request: GenerationRequest
     emit: Callable[[Event], None]
-    sequences: list[Sequence] = field(default_factory=list)
+    sequences: list[Candidate] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
     store_points: list[int] = field(default_factory=list)
     prefill_started: float = 0.0
