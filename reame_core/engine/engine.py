@@ -31,7 +31,7 @@ from reame_core.engine.cpu_share import CpuShare
 from reame_core.engine.governor import Governor, Mode
 from reame_core.engine.sampler import TokenSampler
 from reame_core.engine.sequence import Candidate, Phase, RequestGroup
-from reame_core.engine.slots import KVSlots, Slot, common_prefix
+from reame_core.engine.slots import KVRollbackError, KVSlots, Slot, common_prefix
 from reame_core.errors import ContextOverflowError, RequestError
 from reame_core.hooktypes import CandidateView, DraftProposal, DraftRequest, Verification
 from reame_core.plugins import PluginHost
@@ -583,7 +583,12 @@ class Engine:
             verdict = Verification(0, (seq.sampler.sample(rows[0]),))
         accepted = verdict.accepted
         # KV now holds next_token + every draft; keep next_token + the accepted ones.
-        self.slots.rollback(seq.slot, seq.n_kv - len(draft.tokens) + accepted)
+        try:
+            self.slots.rollback(seq.slot, seq.n_kv - len(draft.tokens) + accepted)
+        except KVRollbackError as error:  # only this request's KV is in doubt
+            log.error("rejected drafts could not be dropped", error=str(error))
+            self._fail(seq.group, "the model could not take back rejected draft tokens")
+            return
         self.governor.record(seq, draft, accepted)  # it keeps the totals per source
         usage = seq.group.usage
         usage.draft_proposed[draft.source] = usage.draft_proposed.get(draft.source, 0) + len(

@@ -12,6 +12,7 @@ distribution, checked against the exact distribution computed from the fake mode
 from __future__ import annotations
 
 import math
+import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -191,8 +192,33 @@ def test_drafts_a_model_cannot_take_back_fail_the_request_instead_of_being_kept(
 
     result = engine.generate(request(tokenize(PROMPTS[0]), max_tokens=20))
 
-    assert result.error is not None and "KVRollbackError" in result.error
+    assert result.error == "the model could not take back rejected draft tokens"
     assert all(cells == [] for cells in fake(engine).kv.values())
+
+
+def test_a_refused_rollback_fails_only_the_request_it_belongs_to(
+    make_engine: MakeEngine, tokenize: Tokenize
+) -> None:
+    engine = make_engine(speculate="off", plugins=drafting(AlwaysWrong()), recurrent=True)
+    finished: dict[str, FinishEvent] = {}
+    done = threading.Semaphore(0)
+
+    def keep(name: str) -> Callable[[Event], None]:
+        def emit(event: Event) -> None:
+            if isinstance(event, FinishEvent):
+                finished[name] = event
+                done.release()
+
+        return emit
+
+    engine.submit(request(tokenize(PROMPTS[1]), max_tokens=20, ignore_eos=True), keep("plain"))
+    engine.submit(request(tokenize(PROMPTS[0]), max_tokens=20, speculate="on"), keep("drafted"))
+    for _ in range(2):
+        assert done.acquire(timeout=10)
+
+    assert finished["drafted"].error is not None
+    assert finished["plain"].error is None
+    assert len(finished["plain"].candidates[0].tokens) == 20
 
 
 @pytest.mark.parametrize("source", GREEDY_SOURCES)
