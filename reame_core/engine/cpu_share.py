@@ -3,8 +3,8 @@
 llama.cpp's threads meet at a barrier after every operation, hundreds of times per token. On
 a host where another process runs on one of the cores, the thread that reaches a barrier first
 spins while its partner waits for a turn on the busy core, and a token takes up to a hundred
-times longer (measured on 2 cores with one busy neighbour: 122 tok/s quiet, 0.9 tok/s with two
-threads, 82 tok/s with one). A thread count that fits the cores the neighbours leave free never
+times longer (measured on 2 cores, docs/BENCHMARKS.md: 110 tok/s quiet; beside one busy
+neighbour 0.8 tok/s with two threads, 80 tok/s with one). A thread count that fits the cores the neighbours leave free never
 waits for a descheduled partner.
 
 `CpuShare` watches how much CPU the rest of the host takes from this process's cores (other
