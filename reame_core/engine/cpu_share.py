@@ -4,8 +4,8 @@ llama.cpp's threads meet at a barrier after every operation, hundreds of times p
 a host where another process runs on one of the cores, the thread that reaches a barrier first
 spins while its partner waits for a turn on the busy core, and a token takes up to a hundred
 times longer (measured on 2 cores, docs/BENCHMARKS.md: 110 tok/s quiet; beside one busy
-neighbour 0.8 tok/s with two threads, 80 tok/s with one). A thread count that fits the cores the neighbours leave free never
-waits for a descheduled partner.
+neighbour 0.8 tok/s with two threads, 80 tok/s with one). A thread count that fits the cores
+the neighbours leave free never waits for a descheduled partner.
 
 `CpuShare` watches how much CPU the rest of the host takes from this process's cores (other
 processes, and the hypervisor's steal time) and says how many threads to use: the configured
@@ -64,6 +64,13 @@ def read_cpu_times(stat: Path = Path("/proc/stat")) -> CpuTimes | None:
     return CpuTimes(wall=time.monotonic(), busy=busy / hz, own=time.process_time())
 
 
+def neighbour_cores(before: CpuTimes, after: CpuTimes) -> float:
+    """Cores' worth of CPU that others (processes, steal) took from this process's cores
+    between two readings."""
+    others = (after.busy - before.busy) - (after.own - before.own)
+    return max(0.0, others) / (after.wall - before.wall)
+
+
 class CpuShare:
     """The thread count that fits the cores neighbours leave free, with hysteresis."""
 
@@ -98,9 +105,8 @@ class CpuShare:
         now = self._read()
         if now is None:
             return None
-        elapsed = now.wall - self._last.wall
         last, self._last = self._last, now
-        self.others = max(0.0, (now.busy - last.busy) - (now.own - last.own)) / elapsed
+        self.others = neighbour_cores(last, now)
         wanted = self._wanted()
         if wanted == self.threads:
             return None
@@ -136,13 +142,3 @@ class CpuShare:
         """Threads that fit the free cores when a neighbour may take `tolerance` of one."""
         free = math.floor(self.n_cpus - self.others + tolerance)
         return max(1, min(self.max_threads, free))
-
-    def report(self) -> dict[str, float | int | bool]:
-        return {
-            "active": self.active,
-            "threads": self.threads,
-            "max_threads": self.max_threads,
-            "cpus": self.n_cpus,
-            "neighbours_cores": round(self.others, 3),
-            "changes": self.changes,
-        }

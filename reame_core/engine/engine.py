@@ -291,16 +291,15 @@ class Engine:
 
     def _fit_threads(self) -> None:
         """Decode with as many threads as the cores neighbours leave free (`CpuShare`)."""
-        threads = self.cpu_share.update() if self.cpu_share is not None else None
-        if threads is None:
+        share = self.cpu_share
+        threads = share.update() if share is not None else None
+        if share is None or threads is None:
             return
         self.backend.set_threads(threads)
         self.governor.threads_changed(threads)
         self.hook.reame_threads_changed(threads=threads)
         log.info(
-            "decoding threads changed",
-            threads=threads,
-            neighbours_cores=round(self.cpu_share.others, 2) if self.cpu_share else None,
+            "decoding threads changed", threads=threads, neighbours_cores=round(share.others, 2)
         )
 
     def _decode(self, batch: Batch, planned: list[_Planned]) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from reame_core.backend.base import Backend
 from reame_core.backend.llama import LlamaBackend
-from reame_core.engine.cpu_share import UP_AT, read_cpu_times
+from reame_core.engine.cpu_share import UP_AT, neighbour_cores, read_cpu_times
 from reame_core.engine.engine import Engine
 from reame_core.request import GenerationRequest, SamplingParams
 
@@ -80,7 +80,7 @@ def neighbours_now(seconds: float = 1.0) -> float:
     time.sleep(seconds)
     after = read_cpu_times()
     assert before is not None and after is not None
-    return ((after.busy - before.busy) - (after.own - before.own)) / (after.wall - before.wall)
+    return neighbour_cores(before, after)
 
 
 @pytest.fixture
