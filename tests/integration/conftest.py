@@ -91,6 +91,22 @@ def backend(smollm2_path: Path, use_extra_bufts: bool) -> Iterator[LlamaBackend]
     backend.close()
 
 
+@pytest.fixture(scope="module")
+def gemma(gemma_path: Path, use_extra_bufts: bool) -> Iterator[LlamaBackend]:
+    """Gemma 3 270M (sliding-window attention), deterministic configuration, 2 slots."""
+    backend = LlamaBackend(
+        gemma_path,
+        n_ctx_seq=2048,
+        n_seq_max=2,
+        n_batch=512,
+        n_threads=2,
+        deterministic=True,
+        use_extra_bufts=use_extra_bufts,
+    )
+    yield backend
+    backend.close()
+
+
 @pytest.fixture
 def make_engine() -> Iterator[Callable[..., Engine]]:
     """A started `Engine` over a shared backend, holding no KV; stopped after the test.

@@ -24,21 +24,6 @@ BLOCK = 256
 
 
 @pytest.fixture(scope="module")
-def gemma(gemma_path: Path, use_extra_bufts: bool) -> Iterator[LlamaBackend]:
-    backend = LlamaBackend(
-        gemma_path,
-        n_ctx_seq=2048,
-        n_seq_max=2,
-        n_batch=512,
-        n_threads=2,
-        deterministic=True,
-        use_extra_bufts=use_extra_bufts,
-    )
-    yield backend
-    backend.close()
-
-
-@pytest.fixture(scope="module")
 def inventory(gemma: LlamaBackend) -> list[int]:
     """A long base-model prompt: numbered lines well past the 512-token window."""
     lines = [f"Shelf {i}: the {COLOURS[i % 5]} box holds {i * 7 % 13} stones." for i in range(90)]

@@ -7,8 +7,7 @@ KV but must never trim one: a prompt sharing only part of a resident KV is compu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -22,21 +21,6 @@ pytestmark = pytest.mark.gemma
 Forget = Callable[[Engine], None]
 
 COLOURS = ("red", "green", "blue", "amber", "violet")
-
-
-@pytest.fixture(scope="module")
-def gemma(gemma_path: Path, use_extra_bufts: bool) -> Iterator[LlamaBackend]:
-    backend = LlamaBackend(
-        gemma_path,
-        n_ctx_seq=2048,
-        n_seq_max=2,
-        n_batch=512,
-        n_threads=2,
-        deterministic=True,
-        use_extra_bufts=use_extra_bufts,
-    )
-    yield backend
-    backend.close()
 
 
 @pytest.fixture
