@@ -47,15 +47,10 @@ bench: install
 	$(BIN)/python benchmarks/engine_throughput.py
 
 # Build llama-cpp-python for this CPU anew and reinstall it: the fix `reame` names when the
-# installed build cannot run here. A wheel this host built earlier (scripts/llama-wheel
-# prints its path, in a folder keyed by CPU and flags) is dropped first; one built just now is kept.
+# installed build cannot run here. This host's cached wheel is dropped first.
 reinstall-llama:
 	@test -x $(BIN)/python || { echo "no $(VENV) yet: run make install"; exit 1; }
-	started=$$(mktemp) && wheel=$$(scripts/llama-wheel $(BIN)/python) && \
-	if [ "$$wheel" -ot "$$started" ]; then \
-		rm -rf "$$(dirname "$$wheel")" && wheel=$$(scripts/llama-wheel $(BIN)/python); \
-	fi && rm -f "$$started" && \
-	$(BIN)/pip install --quiet --force-reinstall --no-deps "$$wheel"
+	$(BIN)/pip install --quiet --force-reinstall --no-deps "$$(scripts/llama-wheel --rebuild $(BIN)/python)"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
