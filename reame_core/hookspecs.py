@@ -6,9 +6,9 @@ through the ``reame`` entry-point group. A plugin is any module or object with
 functions named like the specs below, marked with ``reame_core.hookimpl``.
 
 Threading: every hook except the planning, lifecycle and command-line ones runs on the
-engine thread, between two decode steps. Hooks must not block for long: each millisecond spent in
-a hook is a millisecond every running stream waits. Plugins that do I/O (a disk cache
-writing a snapshot) hand the work to their own thread.
+engine thread, between two decode steps. Hooks must not block for long: each millisecond
+spent in a hook is a millisecond every running stream waits. Plugins that do I/O (a disk
+cache writing a snapshot) hand the work to their own thread.
 
 The groups follow a run from its plan, then a request through the engine:
 
