@@ -17,6 +17,23 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class DiskNeed:
+    """A plugin's ask for disk space, which the host plan turns into a budget.
+
+    The plan gives the plugin `share` of the free disk where Reame keeps its files, at most
+    `cap` bytes, as the default of the `setting` key of its ``[plugins.<section>]`` table;
+    a value set there wins. `purpose` names what the bytes hold ("the KV of shared prompt
+    prefixes"), for `reame config`.
+    """
+
+    section: str
+    purpose: str
+    share: float
+    cap: int
+    setting: str = "budget"
+
+
+@dataclass(frozen=True)
 class FimTokens:
     prefix: int
     suffix: int

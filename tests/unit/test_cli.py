@@ -15,6 +15,7 @@ from reame_core.cli import main as cli_main
 from reame_core.cli import run as cli_run
 from reame_core.cli.plugins import plugins_command
 from reame_core.hookspecs import hookimpl
+from reame_core.hooktypes import SequenceView
 from reame_core.plugins import PluginHost
 from reame_core.request import SamplingParams
 from reame_core.runtime import Runtime, start_runtime
@@ -115,20 +116,34 @@ def test_one_shot_prints_the_answer_and_exits_zero(
     assert not fake_runtime[0].engine.busy
 
 
-def test_piped_stdin_goes_before_the_prompt(
-    fake_runtime: list[Runtime], monkeypatch: pytest.MonkeyPatch
-) -> None:
+class PromptRecorder:
+    """Keeps the prompt of every sequence the engine starts, as text (the fake tokenizer
+    maps byte b to token b)."""
+
+    def __init__(self) -> None:
+        self.prompts: list[str] = []
+
+    @hookimpl
+    def reame_sequence_started(self, seq: SequenceView) -> None:
+        text = bytes(token for token in seq.prompt_tokens if token < 256)
+        self.prompts.append(text.decode("utf-8", errors="replace"))
+
+
+def test_piped_stdin_goes_before_the_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
+    recorder = PromptRecorder()
+
+    def start(settings: Settings) -> Runtime:
+        host = PluginHost(discover=False)
+        host.register(recorder, "recorder")
+        return start_runtime(settings, backend=FakeBackend(), plugins=host)
+
+    monkeypatch.setattr(cli_run, "start_runtime", start)
     monkeypatch.setattr("sys.stdin", _Stdin("the document\n", tty=False))
-    asked: list[str] = []
-    original_reply = cli_run.reply
 
-    def reply(runtime: Runtime, conversation: cli_run.Conversation, out: TextIO) -> str:
-        asked.append(conversation.messages[-1]["content"])
-        return original_reply(runtime, conversation, out)
-
-    monkeypatch.setattr(cli_run, "reply", reply)
     assert cli_main.main(["run", "Summarize:", "--max-tokens", "4"]) == 0
-    assert asked == ["the document\n\nSummarize:"]
+
+    [prompt] = recorder.prompts
+    assert "the document\n\nSummarize:" in prompt
 
 
 def test_empty_piped_input_without_prompt_is_an_error(

@@ -30,9 +30,33 @@ def test_an_explicit_draft_model_is_taken_as_given() -> None:
     assert draft_model_name(Settings()) is None
 
 
-def test_a_draft_with_the_same_vocabulary_is_accepted() -> None:
-    draft = FakeBackend()
-    check_same_vocabulary(pieces_of(FakeBackend()), cast(Any, draft), "target")
+class LookedUp(FakeBackend):
+    """A fake draft model that records which tokens' text was read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens: list[int] = []
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        self.tokens.append(token)
+        return super().token_bytes(token, special=special)
+
+
+def test_a_draft_with_the_same_vocabulary_is_accepted_after_every_token_is_compared() -> None:
+    draft = LookedUp()
+
+    check_same_vocabulary(pieces_of(FakeBackend()), cast(Any, draft), "target")  # no error
+
+    assert sorted(draft.tokens) == list(range(draft.info.n_vocab))
+
+
+def test_a_draft_differing_in_its_last_token_is_refused() -> None:
+    target = pieces_of(FakeBackend())
+    last = len(target) - 1
+    target[last] = b"\xff\xfe"
+
+    with pytest.raises(ModelLoadError, match=f"token {last}"):
+        check_same_vocabulary(target, cast(Any, FakeBackend()), "target")
 
 
 def test_a_draft_whose_token_means_other_text_is_refused_naming_the_token() -> None:
