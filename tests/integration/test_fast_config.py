@@ -48,7 +48,7 @@ def test_concurrent_greedy_runs_follow_serial_runs_until_a_near_tie(
     generate_together: Together,
 ) -> None:
     engine = make_engine(fast_backend)
-    prompts = [encode_chat(fast_backend, [{"role": "user", "content": q}]) for q in questions]
+    prompts = [encode_chat(fast_backend.info, [{"role": "user", "content": q}]) for q in questions]
     requests = [
         GenerationRequest(prompt, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
         for prompt in prompts

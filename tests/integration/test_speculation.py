@@ -83,7 +83,7 @@ def assert_follows_plain_path(
 def test_prompt_lookup_output_follows_the_plain_path(
     backend: LlamaBackend, make_engine: MakeEngine
 ) -> None:
-    prompts = [encode_chat(backend, [{"role": "user", "content": text}]) for text in REWRITES]
+    prompts = [encode_chat(backend.info, [{"role": "user", "content": text}]) for text in REWRITES]
     plain_engine = make_engine(backend)
     plain = [plain_engine.generate(greedy(p)).candidates[0].tokens for p in prompts]
     plain_engine.stop()
@@ -100,7 +100,7 @@ def test_prompt_lookup_output_follows_the_plain_path(
 def test_draft_model_output_follows_the_plain_path(
     q8_backend: LlamaBackend, smollm2_path: Path, make_engine: MakeEngine
 ) -> None:
-    prompts = [encode_chat(q8_backend, [{"role": "user", "content": t}]) for t in REWRITES]
+    prompts = [encode_chat(q8_backend.info, [{"role": "user", "content": t}]) for t in REWRITES]
     plain_engine = make_engine(q8_backend)
     plain = [plain_engine.generate(greedy(p)).candidates[0].tokens for p in prompts]
     plain_engine.stop()
