@@ -269,7 +269,7 @@ async def _serve(request: Request[Any, Any, Any], data: Any, kind: Kind) -> Resp
     server: ServerState = request.app.state.server
     runtime = server.ready()
     call = await prepare(runtime, kind, data, request.headers.get(SESSION_HEADER))
-    server.admit(call.places)  # 429 here: the engine has not seen the call
+    server.admit(call)  # 429 here: the engine has not seen the call
     call.submit(partial(server.release, call.places), _latency_observer(server.metrics, started))
     reply = _Reply(call)
     if call.stream:

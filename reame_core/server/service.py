@@ -64,19 +64,18 @@ class ServerState:
             raise APIError(503, "The model is still loading; retry shortly.", code="loading")
         return self.runtime
 
-    def admit(self, places: int) -> None:
-        """Take `places` in the queue, or refuse with 429 when it is full."""
-        assert self.runtime is not None
-        limit = self.runtime.backend.info.n_seq_max + self.settings.max_queue
+    def admit(self, call: APICall) -> None:
+        """Take the call's places in the queue, or refuse with 429 when it is full."""
+        limit = call.model.n_seq_max + self.settings.max_queue
         with self._lock:
-            if self.in_flight + places > limit:
+            if self.in_flight + call.places > limit:
                 raise APIError(
                     429,
                     f"The server is busy ({self.in_flight} requests in flight, queue limit "
                     f"{self.settings.max_queue}); retry later.",
                     code="queue_full",
                 )
-            self.in_flight += places
+            self.in_flight += call.places
 
     def release(self, places: int) -> None:
         with self._lock:
