@@ -71,7 +71,7 @@ def child(mode: str, config: str, threads: int) -> dict[str, float]:
         return {"tok_s": len(tokens) / (time.perf_counter() - started)}
 
     engine = Engine(backend, speculate="off").start()  # batching alone, no drafts
-    prompts = [encode_chat(backend, [{"role": "user", "content": q}]) for q in QUESTIONS]
+    prompts = [encode_chat(backend.info, [{"role": "user", "content": q}]) for q in QUESTIONS]
 
     def run(
         prompt: list[int], params: SamplingParams, out: dict[int, tuple[int, ...]], i: int
@@ -103,8 +103,8 @@ def child(mode: str, config: str, threads: int) -> dict[str, float]:
                 run(prompts[i], params, serial, i)
             system = "You are a careful assistant who answers briefly and plainly. " * 12
             shared = [{"role": "system", "content": system}]
-            first = encode_chat(backend, [*shared, {"role": "user", "content": QUESTIONS[0]}])
-            second = encode_chat(backend, [*shared, {"role": "user", "content": QUESTIONS[1]}])
+            first = encode_chat(backend.info, [*shared, {"role": "user", "content": QUESTIONS[0]}])
+            second = encode_chat(backend.info, [*shared, {"role": "user", "content": QUESTIONS[1]}])
             cold: dict[int, tuple[int, ...]] = {}
             evict()
             run(second, params, cold, 0)

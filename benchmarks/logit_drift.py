@@ -131,7 +131,7 @@ def verify_drift(model: Path, tokens: int, steps: Sequence[int]) -> dict[str, An
     results: dict[str, Any] = {}
     plains = []
     for text in PROMPTS:
-        prompt = encode_chat(backend, [{"role": "user", "content": text}])
+        prompt = encode_chat(backend.info, [{"role": "user", "content": text}])
         plains.append((prompt, *_greedy(backend, prompt, tokens)))
     for step in steps:
         drifts: list[float] = []
@@ -163,7 +163,7 @@ def batch_drift(model: Path, tokens: int) -> dict[str, Any]:
         model, n_ctx_seq=1024, n_seq_max=8, n_batch=512, n_threads=2, deterministic=False
     )
     eog = list(backend.info.eog)
-    prompts = [encode_chat(backend, [{"role": "user", "content": t}]) for t in PROMPTS]
+    prompts = [encode_chat(backend.info, [{"role": "user", "content": t}]) for t in PROMPTS]
     plains = [_greedy(backend, prompt, tokens) for prompt in prompts]
     for seq_id, prompt in enumerate(prompts):
         _prefill(backend, seq_id, prompt[:-1])

@@ -107,7 +107,7 @@ def child(
         proposed: dict[str, int] = {}
         accepted: dict[str, int] = {}
         for text in texts:
-            prompt = encode_chat(backend, [{"role": "user", "content": text}])
+            prompt = encode_chat(backend.info, [{"role": "user", "content": text}])
             result = engine.generate(GenerationRequest(prompt, params))
             tokens += result.usage.completion_tokens
             decode_ms += result.usage.predicted_ms

@@ -7,8 +7,9 @@ same configuration for the same settings.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import structlog
 
@@ -31,6 +32,15 @@ class Runtime:
     plugins: PluginHost
     backend: Backend
     engine: Engine
+
+    @cached_property
+    def request_extensions(self) -> Mapping[str, str]:
+        """The request fields the enabled plugins handle (hook `reame_request_extensions`),
+        each with its description; the API refuses any other field it does not know."""
+        claimed: dict[str, str] = {}
+        for fields in self.plugins.hook.reame_request_extensions():
+            claimed.update(fields or {})
+        return claimed
 
     def close(self) -> None:
         self.engine.stop()

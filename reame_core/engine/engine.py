@@ -32,7 +32,6 @@ from reame_core.engine.governor import Governor, Mode
 from reame_core.engine.sampler import TokenSampler
 from reame_core.engine.sequence import Candidate, Phase, RequestGroup
 from reame_core.engine.slots import KVRollbackError, KVSlots, Slot, common_prefix
-from reame_core.errors import ContextOverflowError, RequestError
 from reame_core.hooktypes import CandidateView, DraftProposal, DraftRequest, Verification
 from reame_core.plugins import PluginHost
 from reame_core.request import (
@@ -42,6 +41,7 @@ from reame_core.request import (
     GenerationRequest,
     TokenEvent,
     TokenLogprob,
+    check_request,
 )
 
 log = structlog.get_logger(__name__)
@@ -152,33 +152,23 @@ class Engine:
             self._thread = None
         self.hook.reame_shutdown()
 
-    def submit(self, request: GenerationRequest, emit: Callable[[Event], None]) -> Ticket:
-        """Queue a request (any thread). Raises RequestError if it cannot be served."""
-        self.check(request)
+    def submit(
+        self, request: GenerationRequest, emit: Callable[[Event], None], *, checked: bool = False
+    ) -> Ticket:
+        """Queue a request (any thread). Raises RequestError if it cannot be served; with
+        `checked`, the caller has run `check` on it already (the server does, before it
+        takes a place in its queue)."""
+        if not checked:
+            self.check(request)
         group = RequestGroup(request, emit)
         self._inbox.put(group)
         return Ticket(self, group)
 
-    def check(self, request: GenerationRequest) -> None:
-        info = self.info
-        n_prompt = len(request.prompt_tokens)
-        if any(not 0 <= t < info.n_vocab for t in request.prompt_tokens):
-            raise RequestError(f"Token ids must be in [0, {info.n_vocab}).", param="prompt")
-        if any(not 0 <= t < info.n_vocab for t in request.params.logit_bias):
-            raise RequestError(
-                f"logit_bias keys must be token ids in [0, {info.n_vocab}).", param="logit_bias"
-            )
-        if n_prompt + request.params.max_tokens > info.n_ctx_seq:
-            raise ContextOverflowError(
-                f"This model's context per sequence is {info.n_ctx_seq} tokens; the prompt "
-                f"has {n_prompt} and max_tokens asks for {request.params.max_tokens}."
-            )
-        if request.n > info.n_seq_max:
-            raise RequestError(
-                f"'n' is {request.n} but the server runs {info.n_seq_max} sequence slots.",
-                param="n",
-            )
-        self.hook.reame_check_request(request=request, model=info)
+    def check(self, request: GenerationRequest, *, prompt_param: str = "prompt") -> None:
+        """Refuse a request this engine cannot serve (any thread): the model's limits
+        (`check_request`), then the plugins' (hook `reame_check_request`)."""
+        check_request(request, self.info, prompt_param=prompt_param)
+        self.hook.reame_check_request(request=request, model=self.info)
 
     def generate(
         self, request: GenerationRequest, on_event: Callable[[TokenEvent], None] | None = None

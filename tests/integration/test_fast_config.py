@@ -48,7 +48,7 @@ def test_concurrent_greedy_runs_follow_serial_runs_but_at_near_ties(
     generate_together: Together,
 ) -> None:
     engine = make_engine(fast_backend)
-    prompts = [encode_chat(fast_backend, [{"role": "user", "content": q}]) for q in questions]
+    prompts = [encode_chat(fast_backend.info, [{"role": "user", "content": q}]) for q in questions]
     requests = [
         GenerationRequest(
             prompt, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=TOP)

@@ -85,7 +85,7 @@ def greedy(prompt: list[int]) -> GenerationRequest:
 def test_prompt_lookup_output_follows_the_plain_path(
     backend: LlamaBackend, make_engine: MakeEngine
 ) -> None:
-    prompts = [encode_chat(backend, [{"role": "user", "content": text}]) for text in REWRITES]
+    prompts = [encode_chat(backend.info, [{"role": "user", "content": text}]) for text in REWRITES]
     plain_engine = make_engine(backend)
     plain = [plain_run(plain_engine, greedy(p)) for p in prompts]
     plain_engine.stop()
@@ -102,7 +102,7 @@ def test_prompt_lookup_output_follows_the_plain_path(
 def test_draft_model_output_follows_the_plain_path(
     q8_backend: LlamaBackend, smollm2_path: Path, make_engine: MakeEngine
 ) -> None:
-    prompts = [encode_chat(q8_backend, [{"role": "user", "content": t}]) for t in REWRITES]
+    prompts = [encode_chat(q8_backend.info, [{"role": "user", "content": t}]) for t in REWRITES]
     plain_engine = make_engine(q8_backend)
     plain = [plain_run(plain_engine, greedy(p)) for p in prompts]
     plain_engine.stop()

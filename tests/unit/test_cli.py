@@ -253,6 +253,38 @@ def test_repl_keeps_the_conversation_and_reuses_its_kv(fake_runtime: list[Runtim
         runtime.close()
 
 
+def test_repl_turn_beyond_the_context_is_refused_and_forgotten(
+    fake_runtime: list[Runtime],
+) -> None:
+    backend = FakeBackend(n_ctx_seq=64)
+    runtime = start_runtime(Settings(), backend=backend, plugins=PluginHost(discover=False))
+    try:
+        lines = iter(["x" * 100, "short", "/bye"])
+        out = io.StringIO()
+        conversation = cli_run.Conversation(SamplingParams(max_tokens=5))
+        assert cli_run.repl(runtime, conversation, lambda _: next(lines), out) == 0
+        assert "context per sequence is 64" in out.getvalue()
+        assert "/clear to start over" in out.getvalue()
+        # The refused turn is forgotten; the next one is answered.
+        assert [m["role"] for m in conversation.messages] == ["user", "assistant"]
+        assert conversation.messages[0]["content"] == "short"
+    finally:
+        runtime.close()
+
+
+def test_repl_answer_stops_where_the_context_ends(fake_runtime: list[Runtime]) -> None:
+    runtime = start_runtime(
+        Settings(), backend=FakeBackend(n_ctx_seq=64), plugins=PluginHost(discover=False)
+    )
+    try:
+        lines = iter(["hello", "/bye"])
+        conversation = cli_run.Conversation(SamplingParams(max_tokens=500, ignore_eos=True))
+        assert cli_run.repl(runtime, conversation, lambda _: next(lines), io.StringIO()) == 0
+        assert conversation.messages[-1]["role"] == "assistant"
+    finally:
+        runtime.close()
+
+
 def test_repl_commands_change_settings_and_clear(fake_runtime: list[Runtime]) -> None:
     conversation = cli_run.Conversation(SamplingParams(max_tokens=5))
     conversation.messages.append({"role": "user", "content": "x"})
