@@ -2,8 +2,10 @@
 OpenAI-compatible server), reporting aggregate tok/s and time to first token p50/p95.
 
 With no --url it starts `reame serve` on the embedded model itself, then measures:
-  - serving overhead: one stream over HTTP (read by a plain blocking socket) vs the engine
-    driven directly (goal >= 95%), alternating, each engine measurement in its own process;
+  - serving overhead: one stream over HTTP (read by a plain blocking socket) vs the same
+    request through the engine directly (goal >= 95%), alternating; the engine runs in its
+    own process, built from the same settings as the server (deterministic or not, plugins
+    included), and every measurement on either side gets a prompt nothing has seen before;
   - 1, 4 and 8 concurrent streams, aggregate; with --llama-server PATH also llama.cpp's own
     server on the same model, threads and slots, alternating with Reame within each rep.
 With --url it only drives that server.
@@ -20,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import statistics
 import sys
 import time
@@ -86,6 +89,44 @@ def one_stream_blocking(url: str, prompt: str, tokens: int) -> float:
     return elapsed
 
 
+def overhead_prompt() -> str:
+    """A prompt no slot or prefix cache holds: the overhead is measured on cold prompts."""
+    return f"[{secrets.token_hex(4)}] {PROMPTS[0]}"
+
+
+def server_settings(threads: int, fast: bool) -> list[str]:
+    """The settings of the measured server; the engine measurement uses the same."""
+    return ["--parallel", "8", "--ctx", "1024", "--threads", str(threads),
+            "--speculate", "off", *(["--no-deterministic"] if fast else [])]  # fmt: skip
+
+
+def engine_child(prompt: str, tokens: int, threads: int, fast: bool) -> dict[str, float]:
+    """One completion through the engine directly, with the server's settings and plugins:
+    tokenized as /v1/completions tokenizes, timed from submission to the last token."""
+    from reame_core.request import GenerationRequest, SamplingParams
+    from reame_core.runtime import start_runtime
+    from reame_core.settings import Settings
+
+    settings = Settings(
+        parallel=8, ctx=1024, threads=threads, speculate="off", deterministic=not fast,
+        log_level="warning",
+    )  # fmt: skip
+    runtime = start_runtime(settings)
+
+    def request(text: str, max_tokens: int) -> GenerationRequest:
+        ids = runtime.backend.tokenize(text, add_special=True, parse_special=True)
+        return GenerationRequest(ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+
+    runtime.engine.generate(request(overhead_prompt(), 8))  # as the server's first request
+    measured = request(prompt, tokens)
+    started = time.perf_counter()
+    finished = runtime.engine.generate(measured)
+    seconds = time.perf_counter() - started
+    assert len(finished.candidates[0].tokens) == tokens
+    runtime.close()
+    return {"seconds": seconds}
+
+
 async def load(url: str, streams: int, tokens: int, model: str | None) -> dict[str, float]:
     # A new connection per request: llama-server (cpp-httplib) at times drops a kept-alive
     # connection as the next request arrives; no server gets reused connections then.
@@ -116,9 +157,8 @@ def reame_server(threads: int, fast: bool) -> AbstractContextManager[str]:
     port = free_port()
     reame = os.path.join(os.path.dirname(sys.executable), "reame")
     return running_server(
-        [reame, "serve", "--port", str(port), "--parallel", "8", "--ctx", "1024",
-         "--threads", str(threads), "--log-level", "warning", "--speculate", "off",
-         *(["--no-deterministic"] if fast else [])],
+        [reame, "serve", "--port", str(port), "--log-level", "warning",
+         *server_settings(threads, fast)],
         port,
     )  # fmt: skip
 
@@ -139,6 +179,7 @@ def llama_server(binary: str, threads: int) -> AbstractContextManager[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--child", nargs=4, metavar=("PROMPT", "TOKENS", "THREADS", "FAST"))
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
@@ -150,6 +191,10 @@ def main() -> None:
         "--no-deterministic", action="store_true", help="serve Reame with its fast settings"
     )
     args = parser.parse_args()
+    if args.child:
+        prompt, tokens, threads, fast = args.child
+        print(json.dumps(engine_child(prompt, int(tokens), int(threads), fast == "fast")))
+        return
     sys.path.insert(0, str(Path(__file__).parent))
     from common import measure, median_ratio, write_report
 
@@ -184,15 +229,16 @@ def main() -> None:
     if args.url:
         run_all({args.label: args.url})
     else:
-        throughput = str(Path(__file__).parent / "engine_throughput.py")
         http_seconds, engine_seconds = [], []
+        fast = "fast" if args.no_deterministic else "deterministic"
         with contextlib.ExitStack() as stack:
             url = stack.enter_context(reame_server(args.threads, args.no_deterministic))
+            one_stream_blocking(url, overhead_prompt(), 8)  # the server's first request
             for _ in range(args.reps):
-                http_seconds.append(one_stream_blocking(url, PROMPTS[0], args.tokens))
+                http_seconds.append(one_stream_blocking(url, overhead_prompt(), args.tokens))
                 engine_seconds.append(
-                    measure(throughput, "engine", "1", "--tokens", str(args.tokens),
-                            "--threads", str(args.threads))["seconds"]
+                    measure(__file__, overhead_prompt(), str(args.tokens), str(args.threads),
+                            fast)["seconds"]
                 )  # fmt: skip
             overhead = round(median_ratio(engine_seconds, http_seconds), 3)
             print(json.dumps({"http_vs_engine_one_stream": overhead}), flush=True)

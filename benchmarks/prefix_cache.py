@@ -80,7 +80,7 @@ def child(mode: str, cache_dir: str, question: int, threads: int) -> dict[str, A
         {"role": "system", "content": system_prompt()},
         {"role": "user", "content": QUESTIONS[question]},
     ]
-    prompt = encode_chat(backend, messages)
+    prompt = encode_chat(backend.info, messages)
 
     # Time the engine thread's copy of the snapshot out of llama.cpp, and keep the state.
     snapshots: list[tuple[float, bytes]] = []

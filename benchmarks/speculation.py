@@ -15,7 +15,8 @@ directory) in its own process and runs the workload's requests one after another
 `auto` starts cold, with nothing learned. Modes alternate off/auto/on, `--reps` times; the
 figure is generated tokens per second of decoding (prompt time excluded), and ratios are
 medians of per-rep ratios: against `off`, and auto against the better of on and off.
-Outputs of auto and on are compared with off token for token. The host's ceiling is
+Outputs of auto and on are compared with off's of the same rep, token for token, request by
+request; acceptance and drafted tokens are totals over every rep. The host's ceiling is
 printed too: prompt rate / decode rate bounds what verifying drafts can gain here.
 
 With --llama-server PATH the rewrite workload also runs against llama.cpp's own server
@@ -106,7 +107,7 @@ def child(
         proposed: dict[str, int] = {}
         accepted: dict[str, int] = {}
         for text in texts:
-            prompt = encode_chat(backend, [{"role": "user", "content": text}])
+            prompt = encode_chat(backend.info, [{"role": "user", "content": text}])
             result = engine.generate(GenerationRequest(prompt, params))
             tokens += result.usage.completion_tokens
             decode_ms += result.usage.predicted_ms
@@ -128,6 +129,15 @@ def child(
             for row in governor["sources"]
         ],
     }
+
+
+def summed(counts: list[dict[str, int]]) -> dict[str, int]:
+    """Per-source counters added up over every rep."""
+    total: dict[str, int] = {}
+    for each in counts:
+        for source, n in each.items():
+            total[source] = total.get(source, 0) + n
+    return total
 
 
 def ceiling(model_path: str | None, threads: int) -> dict[str, Any]:
@@ -244,18 +254,29 @@ def main() -> None:
         best = [max(on, off) for on, off in zip(rates["on"], rates["off"], strict=True)]
         row: dict[str, Any] = {}
         for mode in MODES:
-            last = samples[mode][-1]
-            proposed, accepted = sum(last["proposed"].values()), sum(last["accepted"].values())
+            runs = samples[mode]
+            proposed = summed([s["proposed"] for s in runs])
+            accepted = summed([s["accepted"] for s in runs])
+            total_proposed = sum(proposed.values())
+            # Each rep's outputs against the same rep's `off` outputs, request by request.
+            same = [
+                mine == plain
+                for run_, off in zip(runs, samples["off"], strict=True)
+                for mine, plain in zip(run_["outputs"], off["outputs"], strict=True)
+            ]
             row[mode] = {
                 "tok_s": round(statistics.median(rates[mode]), 1),
                 "tok_s_by_rep": [round(rate, 1) for rate in rates[mode]],
                 "vs_off": round(median_ratio(rates[mode], rates["off"]), 3),
-                "acceptance": round(accepted / proposed, 3) if proposed else None,
-                "accepted_by_source": last["accepted"],
-                "identical_to_off": last["outputs"] == samples["off"][-1]["outputs"],
+                "acceptance": round(sum(accepted.values()) / total_proposed, 3)
+                if total_proposed
+                else None,
+                "proposed_by_source": proposed,
+                "accepted_by_source": accepted,
+                "outputs_identical_to_off": f"{sum(same)} of {len(same)}",
             }
         row["auto"]["vs_best_of_on_off"] = round(median_ratio(rates["auto"], best), 3)
-        row["auto"]["governor"] = samples["auto"][-1]["governor"]
+        row["auto"]["governor_by_rep"] = [s["governor"] for s in samples["auto"]]
         report["workloads"][workload] = row
         print(json.dumps({workload: row}), flush=True)
 

@@ -3,6 +3,10 @@
 The template comes from the GGUF metadata and is rendered with Jinja2 in a sandbox, as
 Hugging Face's tokenizers do. A model without a template gets ChatML, which most small
 instruct models understand.
+
+The API's schema has already checked the messages' shape (roles, at least one message);
+what is checked here is what only rendering can tell: content parts other than text, and
+messages the template itself refuses.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import date
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import Any
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -23,7 +27,6 @@ CHATML = (
     "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
 def _raise_exception(message: str) -> None:
@@ -42,43 +45,34 @@ def _compile(source: str) -> Any:
     return env.from_string(source)
 
 
-def message_text(content: Any, index: int) -> str:
+def message_text(content: str | Sequence[Any] | None, index: int) -> str:
     """OpenAI content: a string, or a list of parts of which only text parts are supported."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, Mapping) or part.get("type") != "text":
-                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-                raise RequestError(
-                    f"messages[{index}].content: only text parts are supported, not {kind!r}.",
-                    param=f"messages[{index}].content",
-                )
-            texts.append(str(part.get("text", "")))
-        return "".join(texts)
-    raise RequestError(
-        f"messages[{index}].content must be a string or a list of text parts.",
-        param=f"messages[{index}].content",
-    )
+    texts = []
+    for part in content:
+        if not isinstance(part, Mapping) or part.get("type") != "text":
+            kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+            raise RequestError(
+                f"messages[{index}].content: only text parts are supported, not {kind!r}.",
+                param=f"messages[{index}].content",
+            )
+        texts.append(str(part.get("text", "")))
+    return "".join(texts)
 
 
 def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
-    if not messages:
-        raise RequestError("'messages' must hold at least one message.", param="messages")
+    """Roles and text as templates expect them (``developer`` is read as ``system``)."""
     normalized = []
     for index, message in enumerate(messages):
-        role = message.get("role")
-        if role not in ROLES:
-            raise RequestError(
-                f"messages[{index}].role must be one of {', '.join(ROLES)}.",
-                param=f"messages[{index}].role",
-            )
-        role = "system" if role == "developer" else role
+        role = str(message["role"])
         normalized.append(
-            {"role": str(role), "content": message_text(message.get("content"), index)}
+            {
+                "role": "system" if role == "developer" else role,
+                "content": message_text(message.get("content"), index),
+            }
         )
     return normalized
 
@@ -108,17 +102,8 @@ def render_chat(
         ) from error
 
 
-class _Tokenizer(Protocol):
-    @property
-    def info(self) -> ModelInfo: ...
-
-    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]: ...
-
-    def token_bytes(self, token: int, *, special: bool = False) -> bytes: ...
-
-
 def encode_chat(
-    backend: _Tokenizer,
+    model: ModelInfo,
     messages: Sequence[Mapping[str, Any]],
     *,
     add_generation_prompt: bool = True,
@@ -126,23 +111,24 @@ def encode_chat(
     """Render `messages` with the model's template and tokenize, control tokens included.
 
     The template decides where BOS goes (through ``bos_token``); a model that wants BOS
-    gets one prepended only if the template did not write it.
+    gets one prepended only if the template did not write it. Any thread may call this:
+    it only reads `model.vocab`.
     """
-    info = backend.info
+    vocab = model.vocab
 
     def special_text(token: int | None) -> str:
         if token is None:
             return ""
-        return backend.token_bytes(token, special=True).decode("utf-8", "replace")
+        return vocab.token_bytes(token, special=True).decode("utf-8", "replace")
 
     text = render_chat(
         messages,
-        info.chat_template,
-        bos_token=special_text(info.bos),
-        eos_token=special_text(info.eos),
+        model.chat_template,
+        bos_token=special_text(model.bos),
+        eos_token=special_text(model.eos),
         add_generation_prompt=add_generation_prompt,
     )
-    tokens = backend.tokenize(text, add_special=False, parse_special=True)
-    if info.add_bos and info.bos is not None and (not tokens or tokens[0] != info.bos):
-        tokens.insert(0, info.bos)
+    tokens = vocab.tokenize(text, add_special=False, parse_special=True)
+    if model.add_bos and model.bos is not None and (not tokens or tokens[0] != model.bos):
+        tokens.insert(0, model.bos)
     return tokens

@@ -5,13 +5,14 @@ Reame's own features are plugins that implement these hooks (see
 through the ``reame`` entry-point group. A plugin is any module or object with
 functions named like the specs below, marked with ``reame_core.hookimpl``.
 
-Threading: every hook except the lifecycle and command-line ones runs on the engine
-thread, between two decode steps. Hooks must not block for long: each millisecond spent in
-a hook is a millisecond every running stream waits. Plugins that do I/O (a disk cache
-writing a snapshot) hand the work to their own thread.
+Threading: every hook except the planning, lifecycle and command-line ones runs on the
+engine thread, between two decode steps. Hooks must not block for long: each millisecond
+spent in a hook is a millisecond every running stream waits. Plugins that do I/O (a disk
+cache writing a snapshot) hand the work to their own thread.
 
-The groups follow a request through the engine:
+The groups follow a run from its plan, then a request through the engine:
 
+    planning    reame_disk_need
     lifecycle   reame_configure, reame_request_extensions, reame_check_request,
                 reame_sequence_started, reame_generation_finished, reame_shutdown
     prefill     reame_prefix_lookup, reame_prefix_store_points, reame_prefix_store
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from reame_core.engine.sampler import TokenSampler
     from reame_core.hooktypes import (
         CandidateView,
+        DiskNeed,
         DraftProposal,
         DraftRequest,
         ModelInfo,
@@ -52,6 +54,21 @@ if TYPE_CHECKING:
 PROJECT = "reame"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# ----------------------------------------------------------------- planning
+
+
+@hookspec
+def reame_disk_need() -> DiskNeed | None:
+    """How much disk this plugin wants for the data it keeps there (None: it keeps none).
+
+    Called while the host plan is made, before the model loads, on the caller's thread.
+    The plan turns each plugin's need into a budget from the free disk (none when too
+    little is free), unless the plugin's settings section sets it; offers it as that
+    setting's default (`Settings.plugin_section`); and `reame config` prints it on a
+    line of its own. A disabled plugin is not asked.
+    """
 
 
 # ---------------------------------------------------------------- lifecycle

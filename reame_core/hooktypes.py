@@ -17,10 +17,54 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class DiskNeed:
+    """A plugin's ask for disk space, which the host plan turns into a budget.
+
+    The plan gives the plugin `share` of the free disk where Reame keeps its files, at most
+    `cap` bytes, as the default of the `setting` key of its ``[plugins.<section>]`` table;
+    a value set there wins. `purpose` names what the bytes hold ("the KV of shared prompt
+    prefixes"), for `reame config`.
+    """
+
+    section: str
+    purpose: str
+    share: float
+    cap: int
+    setting: str = "budget"
+
+
+@dataclass(frozen=True)
 class FimTokens:
     prefix: int
     suffix: int
     middle: int
+
+
+class Vocabulary(Protocol):
+    """The model's tokenizer and token table: read-only, and safe to call from any thread.
+
+    It is not the decoding context (which only the engine thread touches): llama.cpp
+    tokenizes through a ``const llama_vocab *``, keeping each call's state on its own stack,
+    so the HTTP server tokenizes prompts on its own threads while the engine decodes, and a
+    plugin (a grammar engine) reads token bytes without reaching into the backend.
+    """
+
+    @property
+    def n_vocab(self) -> int: ...
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        """Text to token ids; `add_special` adds BOS where the model wants it,
+        `parse_special` turns control-token text (e.g. ``<|im_start|>``) into its id."""
+        ...
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        """The raw bytes of one token. A token may hold part of a UTF-8 character; join
+        bytes before decoding. Control tokens render as b"" unless `special`."""
+        ...
+
+    def pieces(self) -> Sequence[bytes]:
+        """Every token's bytes, indexed by token id, control tokens as written."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -33,6 +77,7 @@ class ModelInfo:
     model's state to another.
     `prefix_trim_safe` is False for sliding-window, recurrent and hybrid models: their
     state cannot be cut back to a shorter prefix, only continued from its full length.
+    `vocab` tokenizes and detokenizes for this model from any thread.
     """
 
     name: str
@@ -50,6 +95,7 @@ class ModelInfo:
     fim: FimTokens | None
     chat_template: str | None
     prefix_trim_safe: bool
+    vocab: Vocabulary = field(repr=False, compare=False)
     kv_type: str = "f16"
     n_threads: int = 1  # CPU threads the context computes with
     extra: Mapping[str, Any] = field(default_factory=dict)

@@ -18,6 +18,7 @@ import pluggy
 import structlog
 
 from reame_core import hookspecs
+from reame_core.hooktypes import DiskNeed
 
 log = structlog.get_logger(__name__)
 
@@ -72,6 +73,10 @@ class PluginHost:
 
     def records(self) -> list[PluginRecord]:
         return list(self._records.values())
+
+    def disk_needs(self) -> list[DiskNeed]:
+        """What the enabled plugins ask of the disk, for the host plan."""
+        return list(self.hook.reame_disk_need())
 
     def has_implementations(self, hook_name: str) -> bool:
         return bool(getattr(self.manager.hook, hook_name).get_hookimpls())

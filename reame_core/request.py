@@ -2,6 +2,11 @@
 
 These are plain values shared by the CLI, the HTTP API, the engine and plugins. They hold
 no behaviour beyond validation; the engine owns everything that happens to a request.
+
+Every limit a request must meet is checked in one place, here: a sampling value's range
+when `SamplingParams` is built, an empty prompt or n < 1 when `GenerationRequest` is, and
+what depends on the model (token ids, context room, slots) in `check_request`, which
+`Engine.check` runs before the plugins' own checks. Callers never repeat these checks.
 """
 
 from __future__ import annotations
@@ -9,9 +14,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from reame_core.errors import RequestError
+from reame_core.errors import ContextOverflowError, RequestError
+
+if TYPE_CHECKING:
+    from reame_core.hooktypes import ModelInfo
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
@@ -39,9 +47,10 @@ class SamplingParams:
     speculate: Literal["auto", "on", "off"] | None = None  # None: the server's setting
 
     def __post_init__(self) -> None:
+        # The one place these ranges are checked (OpenAI's, where the API has the field).
         checks: list[tuple[str, bool, str]] = [
             ("max_tokens", self.max_tokens >= 1, "must be at least 1"),
-            ("temperature", 0.0 <= self.temperature <= 5.0, "must be between 0 and 5"),
+            ("temperature", 0.0 <= self.temperature <= 2.0, "must be in [0, 2]"),
             ("top_k", self.top_k >= 0, "must be 0 (off) or positive"),
             ("top_p", 0.0 < self.top_p <= 1.0, "must be in (0, 1]"),
             ("min_p", 0.0 <= self.min_p < 1.0, "must be in [0, 1)"),
@@ -49,9 +58,13 @@ class SamplingParams:
             ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "must be in [-2, 2]"),
             ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "must be in [-2, 2]"),
             ("penalty_last_n", self.penalty_last_n >= 0, "must be 0 or positive"),
+            (
+                "logit_bias",
+                all(-100.0 <= bias <= 100.0 for bias in self.logit_bias.values()),
+                "maps token ids to values in [-100, 100]",
+            ),
             ("logprobs", self.logprobs is None or 0 <= self.logprobs <= 20, "must be in [0, 20]"),
             ("stop", len(self.stop) <= 16 and all(self.stop), "at most 16 non-empty strings"),
-            ("speculate", self.speculate in (None, "auto", "on", "off"), "is auto, on or off"),
         ]
         for name, ok, message in checks:
             if not ok:
@@ -92,6 +105,46 @@ class GenerationRequest:
             raise RequestError("The prompt is empty.", param="prompt")
         if self.n < 1:
             raise RequestError("'n' must be at least 1.", param="n")
+
+
+def check_request(
+    request: GenerationRequest, model: ModelInfo, *, prompt_param: str = "prompt"
+) -> None:
+    """The limits that depend on the model: token ids, the context per sequence, the slots.
+
+    `prompt_param` is the field errors about the prompt name (``messages`` for a chat).
+    """
+    n_prompt = len(request.prompt_tokens)
+    if any(not 0 <= token < model.n_vocab for token in request.prompt_tokens):
+        raise RequestError(f"Token ids must be in [0, {model.n_vocab}).", param=prompt_param)
+    if any(not 0 <= token < model.n_vocab for token in request.params.logit_bias):
+        raise RequestError(
+            f"logit_bias keys must be token ids in [0, {model.n_vocab}).", param="logit_bias"
+        )
+    if n_prompt >= model.n_ctx_seq:
+        raise ContextOverflowError(
+            f"The prompt has {n_prompt} tokens; this model's context per sequence is "
+            f"{model.n_ctx_seq}.",
+            param=prompt_param,
+        )
+    if n_prompt + request.params.max_tokens > model.n_ctx_seq:
+        raise ContextOverflowError(
+            f"This model's context per sequence is {model.n_ctx_seq} tokens; the prompt "
+            f"has {n_prompt} and max_tokens asks for {request.params.max_tokens}.",
+            param=prompt_param,
+        )
+    if request.n > model.n_seq_max:
+        raise RequestError(
+            f"'n' is {request.n} but the server runs {model.n_seq_max} sequence slots.",
+            param="n",
+        )
+
+
+def context_room(n_prompt: int, model: ModelInfo) -> int:
+    """The tokens a prompt of `n_prompt` leaves for the answer: the default max_tokens when
+    the caller names none. At least 1, so that a prompt which fills the context is refused
+    by `check_request`, which says so."""
+    return max(1, model.n_ctx_seq - n_prompt)
 
 
 @dataclass(frozen=True)

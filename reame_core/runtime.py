@@ -7,7 +7,9 @@ same configuration for the same settings.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import structlog
 
@@ -16,6 +18,7 @@ from reame_core.autoconfig.plan import HostPlan, plan_host
 from reame_core.backend.base import Backend
 from reame_core.backend.probe import BuildVerdict, ensure_build_runs
 from reame_core.engine.engine import Engine
+from reame_core.hooktypes import DiskNeed
 from reame_core.models import ModelStore, ResolvedModel
 from reame_core.plugins import PluginHost
 from reame_core.settings import Settings
@@ -30,6 +33,15 @@ class Runtime:
     backend: Backend
     engine: Engine
 
+    @cached_property
+    def request_extensions(self) -> Mapping[str, str]:
+        """The request fields the enabled plugins handle (hook `reame_request_extensions`),
+        each with its description; the API refuses any other field it does not know."""
+        claimed: dict[str, str] = {}
+        for fields in self.plugins.hook.reame_request_extensions():
+            claimed.update(fields or {})
+        return claimed
+
     def close(self) -> None:
         self.engine.stop()
         self.backend.close()
@@ -43,13 +55,15 @@ class Preparation:
     plan: HostPlan
 
 
-def prepare(settings: Settings) -> Preparation:
-    """Find (or download) the model, then plan threads, context, slots and KV for this host."""
+def prepare(settings: Settings, disk_needs: Sequence[DiskNeed] = ()) -> Preparation:
+    """Find (or download) the model, then plan threads, context, slots and KV for this host,
+    and a disk budget for each of `disk_needs` (`PluginHost.disk_needs`)."""
     from reame_core.backend.llama import read_model_shape
 
     model = ModelStore.in_cache_dir(settings.cache_path).resolve(settings.model)
     facts = read_host_facts(settings.cache_path)
-    return Preparation(model, plan_host(settings, facts, read_model_shape(model.path)))
+    shape = read_model_shape(model.path)
+    return Preparation(model, plan_host(settings, facts, shape, disk_needs))
 
 
 def load_backend(
@@ -89,7 +103,7 @@ def start_runtime(
     if backend is None:
         # Before llama.cpp is loaded into this process: the check runs it in a child.
         build = build or ensure_build_runs(settings)
-        preparation = prepare(settings)
+        preparation = prepare(settings, plugins.disk_needs())
         log.info("host configuration", **dict(preparation.plan.explain()))
         for warning in preparation.plan.warnings:
             log.warning("host configuration", problem=warning)

@@ -1,7 +1,7 @@
 """Reame's settings: one model, read from defaults < TOML file < env ``REAME_*`` < CLI flags.
 
 No file is needed. The TOML file is ``--config PATH`` or ``REAME_CONFIG``; each plugin keeps
-its options in its own table (``[plugins.diskkv]``) and validates them with its own model
+its options in its own table (``[plugins.NAME]``) and validates them with its own model
 through `Settings.plugin_section`.
 """
 
@@ -158,9 +158,9 @@ class Settings(BaseSettings):
     def plugin_section(self, name: str, model: type[SectionT]) -> SectionT:
         """This plugin's own settings, validated by the plugin's model.
 
-        Auto-configured defaults (such as ``budget`` for a disk cache) fill the keys
-        the plugin's model declares and the settings leave unset; others are not offered,
-        so a plugin opts in by declaring the field.
+        Auto-configured defaults (the disk budget the host plan computed from the plugin's
+        `DiskNeed`) fill the keys the plugin's model declares and the settings leave unset;
+        others are not offered, so a plugin opts in by declaring the field.
         """
         defaults = {
             key: value

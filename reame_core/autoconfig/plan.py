@@ -7,6 +7,10 @@ context a request needs (4096 tokens, or what the model was trained on if less);
 many slots as the cores can use (two per thread); the KV cache is quantized to q8_0 only
 when that is what makes the target fit.
 
+A plugin that keeps data on disk declares how much it wants (hook `reame_disk_need`); the
+plan turns each need into a budget from the free disk and offers it as the default of the
+plugin's setting. The plan names no plugin itself.
+
 Flash attention follows `deterministic` (off there: it changed tokens after a prefix
 restore). llama.cpp stores a quantized V cache only with flash attention, so in the
 deterministic configuration q8_0 applies to the keys and the values stay f16.
@@ -16,12 +20,14 @@ Pure functions of their inputs: tests feed fake facts and check the decisions.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from pydantic import ByteSize, TypeAdapter
 
 from reame_core.autoconfig.facts import HostFacts
+from reame_core.hooktypes import DiskNeed
 from reame_core.models.shape import KVType, ModelShape
 from reame_core.settings import Settings
 
@@ -38,10 +44,8 @@ SLOTS_PER_THREAD = 2
 MAX_AUTO_SLOTS = 16
 # Python, the HTTP server, llama.cpp's own small buffers and the rest of the system.
 RUNTIME_RESERVE = 256 * MIB
-PREFIX_CACHE_SHARE, PREFIX_CACHE_CAP = 0.25, 10 * GIB
-ARCHIVE_SHARE, ARCHIVE_CAP = 0.05, 1 * GIB
+# Below this much free disk, no plugin gets a disk budget: models and logs need the room.
 MIN_DISK_FOR_CACHES = 1 * GIB
-BUDGET_KEY = "budget"  # a plugin's disk budget setting: bytes, or a size such as "8GiB"
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,14 @@ class Choice(Generic[T]):
 
 
 @dataclass(frozen=True)
+class DiskBudget:
+    """The bytes a plugin's `DiskNeed` gets on this host."""
+
+    need: DiskNeed
+    bytes: Choice[int]
+
+
+@dataclass(frozen=True)
 class HostPlan:
     threads: Choice[int]
     ctx: Choice[int]
@@ -62,9 +74,8 @@ class HostPlan:
     kv_type_k: Choice[KVType]
     kv_type_v: Choice[KVType]
     flash_attn: Choice[bool]
-    prefix_cache_bytes: Choice[int]
-    archive_bytes: Choice[int]
     memory: str
+    disk_budgets: tuple[DiskBudget, ...] = field(default=())
     warnings: tuple[str, ...] = field(default=())
 
     def explain(self) -> list[tuple[str, str]]:
@@ -81,21 +92,26 @@ class HostPlan:
             ("kv_type", line(self.kv_type_k, _kv_label(self))),
             ("flash_attn", line(self.flash_attn, "on" if self.flash_attn.value else "off")),
             ("memory", self.memory),
-            ("diskkv budget", line(self.prefix_cache_bytes, size(self.prefix_cache_bytes.value))),
-            ("palimpsest budget", line(self.archive_bytes, size(self.archive_bytes.value))),
+            *(
+                (f"{budget.need.section} budget", line(budget.bytes, size(budget.bytes.value)))
+                for budget in self.disk_budgets
+            ),
         ]
 
     def plugin_defaults(self) -> dict[str, dict[str, Any]]:
         """Defaults this plan offers to plugin settings sections (explicit values win)."""
         return {
-            "diskkv": {BUDGET_KEY: self.prefix_cache_bytes.value},
-            "palimpsest": {BUDGET_KEY: self.archive_bytes.value},
+            budget.need.section: {budget.need.setting: budget.bytes.value}
+            for budget in self.disk_budgets
         }
 
 
-def plan_host(settings: Settings, facts: HostFacts, shape: ModelShape) -> HostPlan:
+def plan_host(
+    settings: Settings, facts: HostFacts, shape: ModelShape, disk_needs: Sequence[DiskNeed] = ()
+) -> HostPlan:
     """Every engine value for this model on this host: the settings' where they are set,
-    decided from the facts where not."""
+    decided from the facts where not. `disk_needs` are the enabled plugins' asks for disk
+    (hook `reame_disk_need`); each gets a budget."""
     threads = _threads(settings, facts)
     flash_attn = _flash_attn(settings)
     warnings: list[str] = []
@@ -136,11 +152,10 @@ def plan_host(settings: Settings, facts: HostFacts, shape: ModelShape) -> HostPl
         kv_type_k=kv_k,
         kv_type_v=kv_v,
         flash_attn=flash_attn,
-        prefix_cache_bytes=_disk_budget(
-            settings, facts, "diskkv", PREFIX_CACHE_SHARE, PREFIX_CACHE_CAP, "a quarter"
-        ),
-        archive_bytes=_disk_budget(settings, facts, "palimpsest", ARCHIVE_SHARE, ARCHIVE_CAP, "5%"),
         memory=memory,
+        disk_budgets=tuple(
+            DiskBudget(need, _disk_budget(settings, facts, need)) for need in disk_needs
+        ),
         warnings=tuple(warnings),
     )
 
@@ -259,20 +274,19 @@ def _slots_why(slots: int, target: int, ctx: int, left: str) -> str:
     return f"what {left} holds at {ctx} tokens per slot (target {target})"
 
 
-def _disk_budget(
-    settings: Settings, facts: HostFacts, plugin: str, share: float, cap: int, share_name: str
-) -> Choice[int]:
-    explicit = settings.plugins.get(plugin, {}).get(BUDGET_KEY)
+def _disk_budget(settings: Settings, facts: HostFacts, need: DiskNeed) -> Choice[int]:
+    explicit = settings.plugins.get(need.section, {}).get(need.setting)
     if explicit is not None:
         given = int(TypeAdapter(ByteSize).validate_python(explicit))
-        return Choice(given, f"set in [plugins.{plugin}]", explicit=True)
+        return Choice(given, f"set in [plugins.{need.section}]", explicit=True)
     free = facts.disk_free
     if free < MIN_DISK_FOR_CACHES:
-        return Choice(0, f"only {size(free)} free in {facts.disk_path}: disk cache off")
-    budget = min(int(free * share), cap) // MIB * MIB
+        return Choice(0, f"only {size(free)} free in {facts.disk_path}: no room for {need.purpose}")
+    budget = min(int(free * need.share), need.cap) // MIB * MIB
     return Choice(
         budget,
-        f"{share_name} of the {size(free)} free in {facts.disk_path}, at most {size(cap)}",
+        f"{need.share:.0%} of the {size(free)} free in {facts.disk_path}, at most "
+        f"{size(need.cap)}, for {need.purpose}",
     )
 
 

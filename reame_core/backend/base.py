@@ -2,8 +2,15 @@
 
 `Backend` is everything the engine needs from llama.cpp and nothing more. `LlamaBackend`
 implements it over llama.cpp's C API; `FakeBackend` is a deterministic toy model that lets
-every layer above run in tests without a model. A backend is not thread-safe: the engine
-thread owns it.
+every layer above run in tests without a model.
+
+Two owners, two kinds of state:
+- the decoding context (decode, sequence memory, state, threads) is not thread-safe: the
+  engine thread owns it, and nothing else calls those methods;
+- the vocabulary (`info.vocab`, a `hooktypes.Vocabulary`) is read-only and thread-safe, as
+  llama.cpp's is: whoever builds a prompt tokenizes it on its own thread (the HTTP server in
+  a worker thread, the CLI in its main thread), and whoever renders output reads token bytes
+  from it. ``tokenize`` and ``token_bytes`` here are shorthands for the same object.
 """
 
 from __future__ import annotations
@@ -52,13 +59,11 @@ class Backend(Protocol):
     def info(self) -> ModelInfo: ...
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        """Text to token ids; `add_special` adds BOS where the model wants it,
-        `parse_special` turns control-token text (e.g. ``<|im_start|>``) into its id."""
+        """``info.vocab.tokenize`` (any thread)."""
         ...
 
     def token_bytes(self, token: int, *, special: bool = False) -> bytes:
-        """The raw bytes of one token. A token may hold part of a UTF-8 character; join
-        bytes before decoding. Control tokens render as b"" unless `special`."""
+        """``info.vocab.token_bytes`` (any thread)."""
         ...
 
     def decode(self, batch: Batch) -> np.ndarray:

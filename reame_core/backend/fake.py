@@ -41,6 +41,43 @@ _FAVOURED = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz     ", dtype=np.uint8).as
 _STATE_MAGIC = b"FAKEKV1\0"
 
 
+class FakeVocabulary:
+    """Bytes 0-255 as tokens 0-255, then the control tokens of `SPECIALS`: read-only, like
+    llama.cpp's vocabulary, so any thread may use it."""
+
+    @property
+    def n_vocab(self) -> int:
+        return N_VOCAB
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        tokens = [BOS] if add_special else []
+        rest = text
+        while rest:
+            if parse_special:
+                hit = next((s for s in SPECIALS if rest.startswith(s)), None)
+                if hit is not None:
+                    tokens.append(SPECIALS[hit])
+                    rest = rest[len(hit) :]
+                    continue
+                cut = min((i for s in SPECIALS if (i := rest.find(s)) > 0), default=len(rest))
+            else:
+                cut = len(rest)
+            tokens.extend(rest[:cut].encode("utf-8"))
+            rest = rest[cut:]
+        return tokens
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        if 0 <= token < 256:
+            return bytes([token])
+        if special:
+            name = next((s for s, t in SPECIALS.items() if t == token), "")
+            return name.encode()
+        return b""
+
+    def pieces(self) -> Sequence[bytes]:
+        return [self.token_bytes(token, special=True) for token in range(N_VOCAB)]
+
+
 class FakeBackend:
     """See the module docstring. `eos_every`: roughly one context in N ends greedily.
 
@@ -49,7 +86,7 @@ class FakeBackend:
     whose sequences carry several tokens each: llama.cpp computes one-token sequences along
     a faster kernel path (on a 2-core EPYC a 2-token pass costs 2.3 one-token passes).
     `recurrent` models a recurrent or hybrid state: llama.cpp refuses to remove part of such
-    a sequence, tail included."""
+    a sequence, tail included. `vocab` replaces the tokenizer (a test's recording one)."""
 
     def __init__(
         self,
@@ -66,6 +103,7 @@ class FakeBackend:
         recurrent: bool = False,
         n_threads: int = 1,
         name: str = "fake",
+        vocab: FakeVocabulary | None = None,
     ) -> None:
         self.context = context
         self.recurrent = recurrent
@@ -98,6 +136,7 @@ class FakeBackend:
             fim=FimTokens(FIM_PRE, FIM_SUF, FIM_MID),
             chat_template=CHATML_TEMPLATE,
             prefix_trim_safe=prefix_trim_safe and not recurrent,
+            vocab=vocab or FakeVocabulary(),
             kv_type="tokens",
             n_threads=n_threads,
         )
@@ -109,29 +148,10 @@ class FakeBackend:
     # ------------------------------------------------------------- vocabulary
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        tokens = [BOS] if add_special else []
-        rest = text
-        while rest:
-            if parse_special:
-                hit = next((s for s in SPECIALS if rest.startswith(s)), None)
-                if hit is not None:
-                    tokens.append(SPECIALS[hit])
-                    rest = rest[len(hit) :]
-                    continue
-                cut = min((i for s in SPECIALS if (i := rest.find(s)) > 0), default=len(rest))
-            else:
-                cut = len(rest)
-            tokens.extend(rest[:cut].encode("utf-8"))
-            rest = rest[cut:]
-        return tokens
+        return self._info.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
 
     def token_bytes(self, token: int, *, special: bool = False) -> bytes:
-        if 0 <= token < 256:
-            return bytes([token])
-        if special:
-            name = next((s for s, t in SPECIALS.items() if t == token), "")
-            return name.encode()
-        return b""
+        return self._info.vocab.token_bytes(token, special=special)
 
     # ------------------------------------------------------------------ decode
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import threading
 from array import array
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -115,21 +116,6 @@ def read_model_shape(path: Path) -> ModelShape:
         )
 
 
-def vocab_pieces(path: str | Path) -> list[bytes]:
-    """Every token's bytes (control tokens as written), read without loading the weights."""
-    with _header_only(path) as model:
-        vocab = llama_cpp.llama_model_get_vocab(model)
-        buf = ctypes.create_string_buffer(256)
-        pieces = []
-        for token in range(llama_cpp.llama_vocab_n_tokens(vocab)):
-            n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, True)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, True)
-            pieces.append(buf.raw[:n])
-        return pieces
-
-
 def _meta(model: Any, key: str) -> str | None:
     """A GGUF metadata value as text, or None if the file has no such key."""
     buf = ctypes.create_string_buffer(256)
@@ -140,6 +126,69 @@ def _meta(model: Any, key: str) -> str | None:
         buf = ctypes.create_string_buffer(n + 1)
         llama_cpp.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
     return buf.value.decode("utf-8", "replace")
+
+
+class LlamaVocabulary:
+    """The model's vocabulary through llama.cpp's ``const llama_vocab *``: `llama_tokenize`
+    and `llama_token_to_piece` only read it (each call keeps its state on its own stack, and
+    llama-server tokenizes on its HTTP threads the same way), and ctypes releases the GIL
+    while they run. So any thread may tokenize while the engine thread decodes. It lives as
+    long as the model: the backend closes it before freeing the model."""
+
+    def __init__(self, vocab: Any) -> None:
+        self._vocab = vocab
+        self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
+        self._pieces: dict[tuple[int, bool], bytes] = {}  # filled lazily; races only repeat work
+        self._all: list[bytes] | None = None
+        self._all_lock = threading.Lock()
+
+    @property
+    def n_vocab(self) -> int:
+        return self._n_vocab
+
+    def _live(self) -> Any:
+        if self._vocab is None:
+            raise ModelLoadError("The model was closed; its vocabulary is gone.")
+        return self._vocab
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        vocab = self._live()
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        while True:
+            buf = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(
+                vocab, data, len(data), buf, capacity, add_special, parse_special
+            )
+            if n >= 0:
+                return list(buf[:n])
+            capacity = -n
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        key = (token, special)
+        piece = self._pieces.get(key)
+        if piece is None:
+            vocab = self._live()
+            buf = ctypes.create_string_buffer(64)
+            n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
+            piece = buf.raw[:n]
+            self._pieces[key] = piece
+        return piece
+
+    def pieces(self) -> Sequence[bytes]:
+        with self._all_lock:
+            if self._all is None:
+                self._all = [self.token_bytes(t, special=True) for t in range(self._n_vocab)]
+            return self._all
+
+    def close(self) -> None:
+        self._vocab = None
+
+    def __repr__(self) -> str:
+        return f"<LlamaVocabulary {self._n_vocab} tokens>"
 
 
 def file_digest(path: Path) -> str:
@@ -181,6 +230,7 @@ class LlamaBackend:
         if not self._model:
             raise ModelLoadError(f"llama.cpp could not load {self.path} (not a GGUF model?)")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.vocab = LlamaVocabulary(self._vocab)
         n_ctx_seq = min(n_ctx_seq, llama_cpp.llama_model_n_ctx_train(self._model))
 
         ctx_params = llama_cpp.llama_context_default_params()
@@ -212,8 +262,7 @@ class LlamaBackend:
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         for i in range(n_batch):
             self._batch.n_seq_id[i] = 1
-        self._n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
-        self._pieces: dict[tuple[int, bool], bytes] = {}
+        self._n_vocab = self.vocab.n_vocab
         self._logit_views: dict[tuple[int, int], np.ndarray] = {}
         self.deterministic = deterministic
         self.flash_attn = flash_attn
@@ -290,6 +339,7 @@ class LlamaBackend:
             fim=FimTokens(*fim_ids) if all(t >= 0 for t in fim_ids) else None,
             chat_template=template.decode("utf-8") if template else None,
             prefix_trim_safe=trim_safe,
+            vocab=self.vocab,
             kv_type=kv_type,
             n_threads=n_threads,
             extra=extra,
@@ -302,29 +352,10 @@ class LlamaBackend:
     # ------------------------------------------------------------- vocabulary
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        data = text.encode("utf-8")
-        capacity = len(data) + 8
-        while True:
-            buf = (llama_cpp.llama_token * capacity)()
-            n = llama_cpp.llama_tokenize(
-                self._vocab, data, len(data), buf, capacity, add_special, parse_special
-            )
-            if n >= 0:
-                return list(buf[:n])
-            capacity = -n
+        return self.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
 
     def token_bytes(self, token: int, *, special: bool = False) -> bytes:
-        key = (token, special)
-        piece = self._pieces.get(key)
-        if piece is None:
-            buf = ctypes.create_string_buffer(64)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
-            piece = buf.raw[:n]
-            self._pieces[key] = piece
-        return piece
+        return self.vocab.token_bytes(token, special=special)
 
     # ------------------------------------------------------------------ decode
 
@@ -401,6 +432,7 @@ class LlamaBackend:
 
     def close(self) -> None:
         if self._ctx:
+            self.vocab.close()
             llama_cpp.llama_batch_free(self._batch)
             llama_cpp.llama_free(self._ctx)
             llama_cpp.llama_model_free(self._model)

@@ -62,7 +62,7 @@ class DraftModel:
         name = draft_model_name(settings)
         if name is None:
             return
-        from reame_core.backend.llama import LlamaBackend, vocab_pieces
+        from reame_core.backend.llama import LlamaBackend
         from reame_core.models import ModelStore
 
         draft = ModelStore.in_cache_dir(settings.cache_path).resolve(name)
@@ -77,7 +77,7 @@ class DraftModel:
             use_extra_bufts=bool(model.extra.get("use_extra_bufts", True)),
         )
         try:
-            check_same_vocabulary(vocab_pieces(model.path), backend, model.name)
+            check_same_vocabulary(model, backend.info)
         except ModelLoadError:
             backend.close()
             raise
@@ -233,20 +233,19 @@ def draft_model_name(settings: Settings) -> str | None:
     return card.draft
 
 
-def check_same_vocabulary(target: Sequence[bytes], draft: LlamaBackend, target_name: str) -> None:
+def check_same_vocabulary(target: ModelInfo, draft: ModelInfo) -> None:
     """Refuse a draft model whose token ids mean other text than the target's."""
-    n = draft.info.n_vocab
-    if n != len(target):
+    theirs, mine = target.vocab.pieces(), draft.vocab.pieces()
+    if len(mine) != len(theirs):
         raise ModelLoadError(
-            f"The draft model {draft.info.name} has {n} tokens but {target_name} has "
-            f"{len(target)}: a draft model must share the target's vocabulary."
+            f"The draft model {draft.name} has {len(mine)} tokens but {target.name} has "
+            f"{len(theirs)}: a draft model must share the target's vocabulary."
         )
-    for token, piece in enumerate(target):
-        mine = draft.token_bytes(token, special=True)
-        if mine != piece:
+    for token, (piece, other) in enumerate(zip(theirs, mine, strict=True)):
+        if other != piece:
             raise ModelLoadError(
-                f"The draft model {draft.info.name} does not share {target_name}'s vocabulary: "
-                f"token {token} is {mine!r} there and {piece!r} here."
+                f"The draft model {draft.name} does not share {target.name}'s vocabulary: "
+                f"token {token} is {other!r} there and {piece!r} here."
             )
 
 

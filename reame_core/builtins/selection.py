@@ -1,6 +1,7 @@
 """Default candidate selection: a request with n candidates gets all n back, in order.
 
-Best-of-N voting (reame-conclave) overrides this with ``tryfirst``.
+A plugin that chooses among the candidates (best-of-N voting) overrides this with
+``tryfirst``.
 """
 
 from __future__ import annotations

@@ -16,13 +16,14 @@ from reame_core.models import ModelStore, parse_model_name
 from reame_core.models.errors import ModelNotDownloadedError
 from reame_core.models.names import LocalModel
 from reame_core.models.shape import ModelShape
+from reame_core.plugins import PluginHost
 from reame_core.settings import Settings
 
 
 def config_command(settings: Settings, out: TextIO) -> int:
     facts = read_host_facts(settings.cache_path)
     model, shape = _model_shape(settings)
-    plan = plan_host(settings, facts, shape)
+    plan = plan_host(settings, facts, shape, PluginHost(settings.disable_plugins).disk_needs())
     build = read_verdict(settings.cache_path, ProbeSubject.here())
     out.write(render(settings.model, model, facts, plan, build_note(build)))
     return 0

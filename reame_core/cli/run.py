@@ -13,8 +13,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 from reame_core.chat import encode_chat
-from reame_core.errors import RequestError
-from reame_core.request import GenerationRequest, SamplingParams, TokenEvent
+from reame_core.errors import ContextOverflowError, RequestError
+from reame_core.request import GenerationRequest, SamplingParams, TokenEvent, context_room
 from reame_core.runtime import Runtime, start_runtime
 from reame_core.settings import Settings
 
@@ -58,10 +58,9 @@ def run_command(settings: Settings, args: argparse.Namespace, prompt: str) -> in
 
 def reply(runtime: Runtime, conversation: Conversation, out: TextIO) -> str:
     """Generate the assistant's turn, streaming it to `out`, and append it."""
-    tokens = encode_chat(runtime.backend, conversation.with_system())
-    room = runtime.backend.info.n_ctx_seq - len(tokens)
-    if room < 1:
-        raise RequestError("The conversation no longer fits the context; /clear to start over.")
+    model = runtime.backend.info
+    tokens = encode_chat(model, conversation.with_system())
+    room = context_room(len(tokens), model)
     params = replace(conversation.params, max_tokens=min(conversation.params.max_tokens, room))
 
     def show(event: TokenEvent) -> None:
@@ -71,7 +70,10 @@ def reply(runtime: Runtime, conversation: Conversation, out: TextIO) -> str:
     # The conversation is a session: its KV stays pinned, and is made exactly reusable
     # while the user types the next turn.
     request = GenerationRequest(tokens, params, session_id="reame-run")
-    finished = runtime.engine.generate(request, on_event=show)
+    try:
+        finished = runtime.engine.generate(request, on_event=show)
+    except ContextOverflowError as error:
+        raise RequestError(f"{error.message} /clear to start over.") from error
     out.write("\n")
     out.flush()
     if finished.error:

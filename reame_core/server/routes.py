@@ -1,14 +1,17 @@
 """The HTTP routes: OpenAI-compatible completions and chat, models, health, metrics.
 
-Handlers translate between HTTP and `service.py`; they never touch the engine's backend.
-Streaming responses are Server-Sent Events framed exactly as OpenAI frames them.
+A completion request goes one way (`_serve`): `service.prepare` parses, tokenizes and checks
+it, the server admits it or answers 429, the engine gets it, and `_Reply` turns its events
+into OpenAI's bodies. Handlers never touch the engine's backend. Streaming responses are
+Server-Sent Events framed exactly as OpenAI frames them.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from functools import partial
 from typing import Any
 
 import structlog
@@ -18,22 +21,12 @@ from litestar.datastructures import State
 from litestar.params import JSONBody
 from litestar.response import Stream
 
-from reame_core.errors import ContextOverflowError
 from reame_core.logs import prompts_allowed
-from reame_core.request import FinishEvent, GenerationRequest, TokenEvent, TokenLogprob
-from reame_core.runtime import Runtime
+from reame_core.request import FinishEvent, TokenEvent, TokenLogprob
 from reame_core.server import responses
 from reame_core.server.errors import APIError
-from reame_core.server.schemas import ChatCompletionRequest, CompletionRequest, parse_body
-from reame_core.server.service import (
-    ServerState,
-    Submission,
-    chat_requests,
-    completion_id,
-    completion_requests,
-    now,
-    reject_plugin_fields,
-)
+from reame_core.server.metrics import ServerMetrics
+from reame_core.server.service import APICall, Kind, ServerState, prepare
 
 SESSION_HEADER = "x-session-id"
 
@@ -45,97 +38,67 @@ def _sse(payload: dict[str, Any] | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-class _Job:
-    """One API call in flight: its engine requests and what has come back so far."""
+def _latency_observer(metrics: ServerMetrics | None, started: float) -> Callable[[], None]:
+    """Time to first token, then the gaps between token events (runs on the engine thread)."""
+    last = 0.0
 
-    def __init__(
-        self,
-        state: ServerState,
-        runtime: Runtime,
-        requests: list[GenerationRequest],
-        kind: str,
-        stream: bool,
-        prompt: Any = None,
-    ) -> None:
-        self.state = state
-        self.runtime = runtime
-        self.requests = requests
-        self.kind = kind  # "chat" or "text"
-        self.prompt = prompt  # as the client sent it: logged only if prompts may be
-        self.id = completion_id("chatcmpl" if kind == "chat" else "cmpl")
-        self.created = now()
-        self.model = runtime.backend.info.name
-        self.n = requests[0].n
-        self.started = time.perf_counter()
-        self.metrics = state.metrics
-        self._last_event = 0.0
-        self._released = False
-        self._admitted = False
-        # Submits to the engine: a request it refuses raises here.
-        self.submission = Submission(
-            runtime, requests, stream=stream, on_tokens=self.observe_tokens
-        )
-
-    def admit(self) -> None:
-        """Take the call's places in the server's queue (429 when it is full)."""
-        try:
-            self.state.admit(len(self.requests))
-        except APIError:
-            self.submission.cancel()
-            raise
-        self._admitted = True
-
-    def choice_index(self, request_index: int, candidate: int) -> int:
-        return request_index * self.n + candidate
-
-    def observe_tokens(self) -> None:  # engine thread, as each token event is emitted
+    def observe() -> None:
+        nonlocal last
         moment = time.perf_counter()
-        if self.metrics is not None:
-            if self._last_event == 0.0:
-                self.metrics.time_to_first_token.observe(moment - self.started)
+        if metrics is not None:
+            if last == 0.0:
+                metrics.time_to_first_token.observe(moment - started)
             else:
-                self.metrics.inter_token_latency.observe(moment - self._last_event)
-        self._last_event = moment
+                metrics.inter_token_latency.observe(moment - last)
+        last = moment
+
+    return observe
+
+
+class _Reply:
+    """An `APICall`'s events as OpenAI's response bodies: one JSON body or SSE chunks."""
+
+    def __init__(self, call: APICall) -> None:
+        self.call = call
+        self.include_usage = call.include_usage
+        self.chat = call.kind == "chat"
+        self.with_logprobs = call.requests[0].params.logprobs is not None
 
     async def events(self) -> AsyncIterator[tuple[int, TokenEvent | FinishEvent]]:
-        outputs: dict[int, str] | None = {} if prompts_allowed() else None
+        """The call's events; with --log-prompts, one `exchange` line once it has ended."""
+        call = self.call
+        outputs: dict[int, list[str]] | None = {} if prompts_allowed() else None
         try:
-            async for index, event in self.submission.events():
+            async for index, event in call.events():
                 if outputs is not None and isinstance(event, FinishEvent):
-                    for result in event.candidates:
-                        outputs[self.choice_index(index, result.candidate)] = result.text
+                    outputs[index] = [result.text for result in event.candidates]
                 yield index, event
         finally:
-            self.release()
-            if outputs is not None:  # --log-prompts: the operator asked for the contents
-                log.info(
-                    "exchange",
-                    id=self.id,
-                    prompt=self.prompt,
-                    outputs=[outputs[position] for position in sorted(outputs)],
-                )
-
-    def release(self) -> None:
-        """End the call however it ends: cancel what still runs (a client that hung up
-        before reading anything), give back the queue places taken at admission (once)."""
-        self.submission.cancel()
-        if self._admitted and not self._released:
-            self._released = True
-            self.state.release(len(self.requests))
-
-    def token_bytes(self, token: int) -> bytes:
-        return self.runtime.backend.token_bytes(token)
+            if outputs is not None:  # the operator asked for the contents
+                texts = [text for index in sorted(outputs) for text in outputs[index]]
+                log.info("exchange", id=call.id, prompt=call.prompt, outputs=texts)
 
     def logprobs(self, items: Sequence[TokenLogprob], offset: int = 0) -> dict[str, Any] | None:
-        if self.requests[0].params.logprobs is None:
+        if not self.with_logprobs:
             return None
-        if self.kind == "chat":
-            return responses.chat_logprobs(items, self.token_bytes)
-        return responses.completion_logprobs(items, self.token_bytes, offset)
+        token_bytes = self.call.model.vocab.token_bytes  # thread-safe: no engine involved
+        if self.chat:
+            return responses.chat_logprobs(items, token_bytes)
+        return responses.completion_logprobs(items, token_bytes, offset)
+
+    def _envelope(self, suffix: str) -> dict[str, Any]:
+        call = self.call
+        return {
+            "id": call.id,
+            "object": ("chat.completion" if self.chat else "text_completion") + suffix,
+            "created": call.created,
+            "model": call.model.name,
+            "system_fingerprint": call.model.fingerprint[:16],
+        }
 
     # ------------------------------------------------------------- one shot
 
-    async def complete(self) -> dict[str, Any]:
+    async def body(self) -> dict[str, Any]:
         finished: dict[int, FinishEvent] = {}
         logprobs: dict[tuple[int, int], list[TokenLogprob]] = {}
         async for index, event in self.events():
@@ -143,36 +106,26 @@ class _Job:
                 finished[index] = event
             else:
                 logprobs.setdefault((index, event.candidate), []).extend(event.logprobs)
-        choices = []
+        choices: list[dict[str, Any]] = []
         for index in sorted(finished):
             event = finished[index]
             if event.error:
                 raise APIError(500, f"The generation failed: {event.error}")
+            # Numbered densely in the order returned, also when a selection plugin
+            # returns only some of a request's candidates.
             for result in event.candidates:
-                position = self.choice_index(index, result.candidate)
                 items = logprobs.get((index, result.candidate), [])
-                if self.kind == "chat":
-                    choice: dict[str, Any] = {
-                        "index": position,
-                        "message": {"role": "assistant", "content": result.text},
-                        "logprobs": self.logprobs(items),
-                        "finish_reason": result.finish_reason,
-                    }
+                choice: dict[str, Any] = {"index": len(choices)}
+                if self.chat:
+                    choice["message"] = {"role": "assistant", "content": result.text}
                 else:
-                    choice = {
-                        "index": position,
-                        "text": result.text,
-                        "logprobs": self.logprobs(items),
-                        "finish_reason": result.finish_reason,
-                    }
+                    choice["text"] = result.text
+                choice["logprobs"] = self.logprobs(items)
+                choice["finish_reason"] = result.finish_reason
                 choices.append(choice)
         usage = responses.merge_usage([finished[i].usage for i in sorted(finished)])
         return {
-            "id": self.id,
-            "object": "chat.completion" if self.kind == "chat" else "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": self.runtime.backend.info.fingerprint[:16],
+            **self._envelope(""),
             "choices": choices,
             "usage": responses.usage_body(usage),
             "timings": responses.timings_body(usage),
@@ -181,44 +134,38 @@ class _Job:
     # ------------------------------------------------------------ streaming
 
     def _chunk(
-        self,
-        choices: list[dict[str, Any]],
-        usage: dict[str, Any] | None = None,
-        with_usage: bool = False,
+        self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None
     ) -> dict[str, Any]:
-        chunk: dict[str, Any] = {
-            "id": self.id,
-            "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": self.runtime.backend.info.fingerprint[:16],
-            "choices": choices,
-        }
-        if with_usage:
+        chunk = {**self._envelope(".chunk" if self.chat else ""), "choices": choices}
+        if self.include_usage:
             chunk["usage"] = usage
         return chunk
 
-    async def stream(self, include_usage: bool) -> AsyncIterator[bytes]:
-        if self.kind == "chat":
+    def position(self, request_index: int, candidate: int) -> int:
+        """A streamed choice's index: every candidate streams before any is selected."""
+        return request_index * self.call.n + candidate
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        if self.chat:
             opening = [
                 {
-                    "index": self.choice_index(i, c),
+                    "index": self.position(i, c),
                     "delta": {"role": "assistant", "content": ""},
                     "logprobs": None,
                     "finish_reason": None,
                 }
-                for i in range(len(self.requests))
-                for c in range(self.n)
+                for i in range(len(self.call.requests))
+                for c in range(self.call.n)
             ]
-            yield _sse(self._chunk(opening, with_usage=include_usage))
+            yield _sse(self._chunk(opening))
         offsets: dict[int, int] = {}
         usages = []
         async for index, event in self.events():
             if isinstance(event, TokenEvent):
                 if not event.text and not event.logprobs:
                     continue
-                position = self.choice_index(index, event.candidate)
-                if self.kind == "chat":
+                position = self.position(index, event.candidate)
+                if self.chat:
                     choice: dict[str, Any] = {
                         "index": position,
                         "delta": {"content": event.text},
@@ -234,7 +181,7 @@ class _Job:
                         "finish_reason": None,
                     }
                     offsets[position] = offset + len(event.text)
-                yield _sse(self._chunk([choice], with_usage=include_usage))
+                yield _sse(self._chunk([choice]))
                 continue
             if event.error:
                 yield _sse(
@@ -251,8 +198,8 @@ class _Job:
             usages.append(event.usage)
             closing = []
             for result in event.candidates:
-                position = self.choice_index(index, result.candidate)
-                if self.kind == "chat":
+                position = self.position(index, result.candidate)
+                if self.chat:
                     closing.append(
                         {
                             "index": position,
@@ -270,17 +217,13 @@ class _Job:
                             "finish_reason": result.finish_reason,
                         }
                     )
-            yield _sse(self._chunk(closing, with_usage=include_usage))
-        if include_usage:
+            yield _sse(self._chunk(closing))
+        if self.include_usage:
             usage = responses.merge_usage(usages)
-            final = self._chunk([], responses.usage_body(usage), with_usage=True)
+            final = self._chunk([], responses.usage_body(usage))
             final["timings"] = responses.timings_body(usage)
             yield _sse(final)
         yield _sse("[DONE]")
-
-
-def _session(request: Request[Any, Any, Any], body_session: str | None) -> str | None:
-    return request.headers.get(SESSION_HEADER) or body_session
 
 
 class CompletionsController(Controller):
@@ -320,39 +263,27 @@ class CompletionsController(Controller):
         }
 
 
-async def _serve(request: Request[Any, Any, Any], data: Any, kind: str) -> Response[Any]:
+async def _serve(request: Request[Any, Any, Any], data: Any, kind: Kind) -> Response[Any]:
+    """The request's one path: prepare (parse, tokenize, check) -> admit -> submit -> reply."""
+    started = time.perf_counter()
     server: ServerState = request.app.state.server
     runtime = server.ready()
-    claimed = server.claimed_fields()
-    if isinstance(data, dict):
-        reject_plugin_fields(data, claimed)
-    model = ChatCompletionRequest if kind == "chat" else CompletionRequest
-    body, extensions = parse_body(model, data, claimed)
-    server.check_model(body.model)
-    session = _session(request, body.session_id)
-    if kind == "chat":
-        requests = chat_requests(runtime, body, extensions, session)
-    else:
-        requests = completion_requests(runtime, body, extensions, session)
-    try:
-        prompt = data.get("messages" if kind == "chat" else "prompt")
-        job = _Job(server, runtime, requests, kind, body.stream, prompt)
-    except ContextOverflowError as error:
-        error.param = "messages" if kind == "chat" else "prompt"
-        raise
-    job.admit()
-    if body.stream:
+    call = await prepare(runtime, kind, data, request.headers.get(SESSION_HEADER))
+    server.admit(call)  # 429 here: the engine has not seen the call
+    call.submit(partial(server.release, call.places), _latency_observer(server.metrics, started))
+    reply = _Reply(call)
+    if call.stream:
         # The background task runs even when the client hangs up before the first chunk.
         return Stream(
-            job.stream(body.include_usage),
+            reply.stream(),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            background=BackgroundTask(job.release),
+            background=BackgroundTask(call.end),
         )
     try:
-        return Response(await job.complete())
+        return Response(await reply.body())
     finally:
-        job.release()
+        call.end()
 
 
 @get("/health")

@@ -1,6 +1,11 @@
 """The request bodies the API accepts, with OpenAI's semantics, and their translation into
 engine requests.
 
+These classes check types and the limits of fields only the API has (`max_completion_tokens`,
+`top_logprobs`, a completion's `logprobs`, `session_id`). A value the engine takes as is
+(temperature, top_p, n, stop, ...) is checked once, where the engine's value is built
+(`reame_core.request`), and named by the same field.
+
 Unknown fields are refused with a 400 that names them, unless an enabled plugin claims the
 field through ``reame_request_extensions``: a field that would change the output is never
 silently ignored. Fields that cannot change the output (``user``, ``metadata``) are accepted.
@@ -40,23 +45,23 @@ class _Generation(_Strict):
     """Fields shared by chat and text completions."""
 
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1, le=16)
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1
     stop: str | list[str] | None = None
     seed: int | None = None
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     metadata: dict[str, str] | None = None
     # Extensions accepted by llama-server and vLLM.
-    top_k: int = Field(0, ge=0)
-    min_p: float = Field(0.0, ge=0.0, lt=1.0)
-    repeat_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    top_k: int = 0
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
     ignore_eos: bool = False
     # Reame's own: keep this conversation's KV between turns (also header X-Session-ID).
     session_id: str | None = Field(None, max_length=200)
@@ -67,9 +72,9 @@ class _Generation(_Strict):
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         bias: dict[int, float] = {}
         for key, value in (self.logit_bias or {}).items():
-            if not key.lstrip("-").isdigit() or not -100.0 <= value <= 100.0:
+            if not key.lstrip("-").isdigit():
                 raise RequestError(
-                    "logit_bias maps token ids (as strings) to values in [-100, 100].",
+                    f"logit_bias keys are token ids written as strings, not {key!r}.",
                     param="logit_bias",
                 )
             bias[int(key)] = value
@@ -94,6 +99,9 @@ class _Generation(_Strict):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def refuse_unclaimed(self) -> None:
+        """Refuse values that only a plugin could honour (none by default)."""
+
 
 class ChatCompletionRequest(_Generation):
     messages: list[ChatMessage] = Field(min_length=1)
@@ -105,6 +113,15 @@ class ChatCompletionRequest(_Generation):
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def refuse_unclaimed(self) -> None:
+        # A plugin that claims `response_format` receives it as an extension instead.
+        if self.response_format is not None and self.response_format.type != "text":
+            raise RequestError(
+                f"response_format '{self.response_format.type}' needs structured output, "
+                "and no enabled plugin handles it; `reame plugins` lists them.",
+                param="response_format",
+            )
 
     @property
     def logprobs_count(self) -> int | None:
@@ -120,7 +137,7 @@ class CompletionRequest(_Generation):
     suffix: str | None = None
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = 16
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -152,15 +169,17 @@ def parse_body(
     extensions = {key: body[key] for key in body if key in claimed}
     rest = {key: value for key, value in body.items() if key not in claimed}
     try:
-        return model.model_validate(rest), extensions
+        parsed = model.model_validate(rest)
     except ValidationError as error:
         first = error.errors()[0]
         location = _field_path(first["loc"])
         if first["type"] == "extra_forbidden":
             message = (
-                f"Unknown field '{location}'. It is not an OpenAI field Reame supports, and no "
-                "enabled plugin handles it (see `reame plugins`)."
+                f"Unknown field '{location}': it is not an OpenAI field Reame supports, and "
+                "no enabled plugin handles it; `reame plugins` lists them."
             )
         else:
             message = f"Invalid '{location}': {first['msg']}."
         raise RequestError(message, param=location) from error
+    parsed.refuse_unclaimed()
+    return parsed, extensions

@@ -50,7 +50,7 @@ DOCUMENT = "\n".join(
 
 def chat(backend: LlamaBackend, question: str) -> list[int]:
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
-    return encode_chat(backend, messages)
+    return encode_chat(backend.info, messages)
 
 
 def completion(backend: LlamaBackend, text: str) -> list[int]:

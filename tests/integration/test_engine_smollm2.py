@@ -50,7 +50,7 @@ SYSTEM = (
 
 def chat(backend: Backend, question: str, system: str | None = None) -> list[int]:
     head = [{"role": "system", "content": system}] if system else []
-    return encode_chat(backend, [*head, {"role": "user", "content": question}])
+    return encode_chat(backend.info, [*head, {"role": "user", "content": question}])
 
 
 def request(prompt: Sequence[int], n: int = 1, **params: Any) -> GenerationRequest:
@@ -224,12 +224,12 @@ def test_second_chat_turn_gives_the_cold_tokens(
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": "Name a famous painter."},
     ]
-    first = engine.generate(request(encode_chat(backend, messages), max_tokens=64))
+    first = engine.generate(request(encode_chat(backend.info, messages), max_tokens=64))
     messages += [
         {"role": "assistant", "content": first.candidates[0].text},
         {"role": "user", "content": "Say that again, but shorter."},
     ]
-    second_turn = encode_chat(backend, messages)
+    second_turn = encode_chat(backend.info, messages)
 
     warm = engine.generate(request(second_turn, max_tokens=48, ignore_eos=True))
     forget_kv(engine)
@@ -246,13 +246,13 @@ def test_session_turns_compute_only_the_new_message_and_give_the_cold_tokens(
     messages = [{"role": "system", "content": SYSTEM}]
     for turn, question in enumerate(questions):
         messages.append({"role": "user", "content": question})
-        prompt = encode_chat(backend, messages)
+        prompt = encode_chat(backend.info, messages)
         session = GenerationRequest(prompt, SamplingParams(max_tokens=24), session_id="talk")
         # Between turns the idle engine recomputes the answer as a prompt chunk.
         assert wait_until(lambda: not engine.busy)
         warm = engine.generate(session)
         if turn > 0:
-            new_message = encode_chat(backend, [{"role": "user", "content": question}])
+            new_message = encode_chat(backend.info, [{"role": "user", "content": question}])
             computed = warm.usage.computed_prompt_tokens
             assert computed <= len(new_message) + 8, (computed, len(new_message))
             assert wait_until(lambda: not engine.busy)
@@ -458,17 +458,15 @@ def test_reame_run_answers_a_prompt_and_exits() -> None:
     assert done.stdout.strip()
 
 
-def test_reame_run_answers_piped_text_with_a_prompt() -> None:
-    done = reame(
-        "run",
-        "Summarize the text above in one sentence.",
-        "--max-tokens",
-        "16",
-        stdin="Oil lamps burned olive oil in Roman homes; later, kerosene replaced it.",
-    )
+def test_reame_run_answers_from_the_piped_text() -> None:
+    question = "What is the name of the ship? Answer with the name only."
 
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip()
+    piped = reame("run", question, "--max-tokens", "12", stdin="The ship is named Calypso.")
+    alone = reame("run", question, "--max-tokens", "12")
+
+    assert piped.returncode == 0, piped.stderr
+    assert "Calypso" in piped.stdout  # greedy decoding: the answer comes from the piped text
+    assert "Calypso" not in alone.stdout
 
 
 def test_reame_run_with_a_missing_model_file_fails_with_a_clear_message(tmp_path: Path) -> None:

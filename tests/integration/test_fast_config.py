@@ -1,8 +1,9 @@
 """The fast configuration (unified KV + flash attention) on SmolLM2: exact only up to near-ties.
 
-Here a sequence's logits depend slightly on its batch neighbours, so concurrent and serial
-greedy runs may part ways. They may do so only where the plain path was nearly undecided:
-equal up to the first divergence, and there the plain path's two best tokens were close.
+llama.cpp does not promise that a sequence's logits here are independent of its batch
+neighbours, so concurrent and serial greedy runs may part ways, but only at a near-tie of
+the serial run and rarely (see near_tie.py; on the AVX-512 build measured there, batching
+changed no logit at all).
 """
 
 from __future__ import annotations
@@ -11,13 +12,12 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from near_tie import NEAR_TIE, top_two_gap
+from near_tie import BATCH_FLIP_RATE, TOP, assert_near_ties, plain_run
 
 from reame_core.backend.base import Backend
 from reame_core.backend.llama import LlamaBackend
 from reame_core.chat import encode_chat
 from reame_core.engine.engine import Engine
-from reame_core.engine.slots import common_prefix
 from reame_core.request import FinishEvent, GenerationRequest, SamplingParams
 
 Together = Callable[[Engine, Sequence[GenerationRequest]], list[FinishEvent]]
@@ -40,7 +40,7 @@ def fast_backend(smollm2_path: Path, use_extra_bufts: bool) -> Iterator[LlamaBac
     backend.close()
 
 
-def test_concurrent_greedy_runs_follow_serial_runs_until_a_near_tie(
+def test_concurrent_greedy_runs_follow_serial_runs_but_at_near_ties(
     questions: tuple[str, ...],
     fast_backend: LlamaBackend,
     make_engine: Callable[[Backend], Engine],
@@ -48,25 +48,18 @@ def test_concurrent_greedy_runs_follow_serial_runs_until_a_near_tie(
     generate_together: Together,
 ) -> None:
     engine = make_engine(fast_backend)
-    prompts = [encode_chat(fast_backend, [{"role": "user", "content": q}]) for q in questions]
+    prompts = [encode_chat(fast_backend.info, [{"role": "user", "content": q}]) for q in questions]
     requests = [
-        GenerationRequest(prompt, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+        GenerationRequest(
+            prompt, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=TOP)
+        )
         for prompt in prompts
     ]
     serial = []
     for each in requests:
         forget_kv(engine)
-        serial.append(engine.generate(each).candidates[0].tokens)
+        serial.append(plain_run(engine, each))
     forget_kv(engine)
     together = [finished.candidates[0].tokens for finished in generate_together(engine, requests)]
-    engine.stop()  # the plain-path decodes below need the backend to themselves
-
-    gaps = []
-    for prompt, plain, batched in zip(prompts, serial, together, strict=True):
-        assert len(plain) == len(batched) == MAX_TOKENS
-        split = common_prefix(plain, batched)
-        if split < MAX_TOKENS:
-            gaps.append(top_two_gap(fast_backend, [*prompt, *plain[:split]]))
-
-    print(f"{len(gaps)} of {len(requests)} concurrent runs diverged; top-2 gaps there: {gaps}")
-    assert all(gap < NEAR_TIE for gap in gaps), gaps
+    assert all(len(tokens) == MAX_TOKENS for tokens in together)
+    assert_near_ties(serial, together, BATCH_FLIP_RATE)

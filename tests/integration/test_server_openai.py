@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import openai
@@ -36,6 +40,24 @@ def _chat(client: openai.OpenAI, question: str, **options: object) -> str:
         **options,  # type: ignore[arg-type]
     )
     return reply.choices[0].message.content or ""
+
+
+@dataclass
+class Streamed:
+    """The content pieces of one stream, and when its first and last arrived."""
+
+    pieces: list[str] = field(default_factory=list)
+    first: float = 0.0
+    last: float = 0.0
+
+    def add(self, piece: str) -> None:
+        self.last = time.monotonic()
+        self.first = self.first or self.last
+        self.pieces.append(piece)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
 
 
 def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
@@ -80,20 +102,24 @@ def test_streamed_chat_equals_the_unstreamed_answer(client: openai.OpenAI) -> No
 def test_text_completion_and_two_candidates(client: openai.OpenAI) -> None:
     reply = client.completions.create(
         model="smollm2-135m",
-        prompt="The capital of France is",
-        max_tokens=8,
+        prompt="Once upon a time",
+        max_tokens=16,
         n=2,
-        temperature=0.9,
+        temperature=1.2,
         seed=7,
     )
     assert [choice.index for choice in reply.choices] == [0, 1]
-    assert all(choice.text for choice in reply.choices)
+    first, second = (choice.text for choice in reply.choices)
+    assert first and second
+    assert first != second  # candidate i samples with seed + i
 
 
 def test_seed_makes_sampling_reproducible(client: openai.OpenAI) -> None:
     first = _chat(client, "Tell me a word.", max_tokens=12, temperature=1.0, seed=1234)
     second = _chat(client, "Tell me a word.", max_tokens=12, temperature=1.0, seed=1234)
+    other = _chat(client, "Tell me a word.", max_tokens=12, temperature=1.0, seed=4321)
     assert first == second
+    assert other != first
 
 
 def test_stop_string_cuts_the_answer(client: openai.OpenAI) -> None:
@@ -128,28 +154,70 @@ def test_logprobs_come_back_for_each_token(client: openai.OpenAI) -> None:
 def test_eight_concurrent_streams_equal_serial_answers(
     questions: tuple[str, ...], client: openai.OpenAI
 ) -> None:
-    def ask(question: str) -> str:
-        return _chat(client, question, max_tokens=32, temperature=0)
+    serial = [_chat(client, question, max_tokens=32, temperature=0) for question in questions]
+    together = threading.Barrier(len(questions))
 
-    serial = [ask(question) for question in questions]
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        concurrent = list(pool.map(ask, questions))
-    assert concurrent == serial
+    def stream(question: str) -> Streamed:
+        together.wait()
+        chunks = client.chat.completions.create(
+            model="smollm2-135m",
+            messages=[{"role": "user", "content": question}],
+            max_tokens=32,
+            temperature=0,
+            stream=True,
+        )
+        streamed = Streamed()
+        for chunk in chunks:
+            if chunk.choices and chunk.choices[0].delta.content:
+                streamed.add(chunk.choices[0].delta.content)
+        return streamed
+
+    with ThreadPoolExecutor(max_workers=len(questions)) as pool:
+        streams = list(pool.map(stream, questions))
+
+    assert [stream.text for stream in streams] == serial
+    assert all(len(stream.pieces) > 1 for stream in streams)  # piece by piece, not at once
+    # They ran together: when the last stream's first piece came, most others were still on.
+    last_start = max(stream.first for stream in streams)
+    running = sum(stream.first <= last_start <= stream.last for stream in streams)
+    assert running >= len(questions) // 2
+
+
+REPETITIVE = "The cat sat on the mat. The dog sat on the log. The bird sat on the branch."
+
+
+def _repeat(client: openai.OpenAI, **options: object) -> tuple[str, dict[str, Any]]:
+    reply = client.chat.completions.create(
+        model="smollm2-135m",
+        messages=[{"role": "user", "content": f"Repeat exactly: {REPETITIVE}"}],
+        max_tokens=40,
+        temperature=0,
+        **options,  # type: ignore[arg-type]
+    )
+    timings: dict[str, Any] = reply.model_extra["timings"]  # type: ignore[index]
+    return reply.choices[0].message.content or "", timings
 
 
 def test_a_request_can_turn_speculation_on(client: openai.OpenAI) -> None:
-    text = "The cat sat on the mat. The dog sat on the log. The bird sat on the branch."
-    reply = client.chat.completions.create(
-        model="smollm2-135m",
-        messages=[{"role": "user", "content": f"Repeat exactly: {text}"}],
-        max_tokens=40,
-        temperature=0,
-        extra_body={"speculate": "on"},
-    )
+    _, on = _repeat(client, extra_body={"speculate": "on"})
+    _, off = _repeat(client)  # the server's setting: off
 
-    drafts = reply.model_extra["timings"]["drafts"]  # type: ignore[index]
-    assert drafts["prompt_lookup"]["proposed"] > 0
-    assert drafts["prompt_lookup"]["accepted"] > 0
+    drafts = on["drafts"]["prompt_lookup"]
+    assert drafts["proposed"] > 0
+    assert drafts["accepted"] > 0
+    assert "drafts" not in off
+
+
+def test_the_default_governor_drafts_where_text_repeats() -> None:
+    with reame_serve("--parallel", "2", "--ctx", "1024", "--threads", "2") as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        _, timings = _repeat(client)
+        report = httpx.get(f"{url}/speculation").json()
+
+    assert report["mode"] == "auto"
+    assert timings["drafts"]["prompt_lookup"]["accepted"] > 0
+    lookup = next(source for source in report["sources"] if source["source"] == "prompt_lookup")
+    assert lookup["accepted"] == timings["drafts"]["prompt_lookup"]["accepted"]
 
 
 def test_requests_without_the_key_are_refused(server_url: str) -> None:

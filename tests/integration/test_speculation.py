@@ -1,10 +1,11 @@
 """Speculation on the real model: drafts never change what the plain path would say.
 
-Verifying k drafts computes them as one micro-batch, which on this build (LLAMAFILE
-kernels) is not bit-identical to decoding them one by one. So greedy outputs with drafts
-must equal the plain path up to their first divergence, and there the plain path must have
-been at a near-tie (see near_tie.py). The draft-model pair is made here: a Q8_0 copy of
-SmolLM2 is the target and the packaged Q4_1 file drafts for it (same vocabulary).
+Verifying k drafts computes them as one micro-batch, which on this build is not
+bit-identical to decoding them one by one. So greedy outputs with drafts must equal the
+plain path up to a first divergence, and there the plain path must have been at a near-tie,
+no more often than the measured drift allows (see near_tie.py). The draft-model pair is
+made here: a Q8_0 copy of SmolLM2 is the target and the packaged Q4_1 file drafts for it
+(same vocabulary).
 """
 
 from __future__ import annotations
@@ -14,13 +15,17 @@ from pathlib import Path
 
 import llama_cpp
 import pytest
-from near_tie import NEAR_TIE, top_two_gap
+from near_tie import (
+    TOP,
+    VERIFY_FLIP_RATE_Q4_1,
+    VERIFY_FLIP_RATE_Q8_0,
+    assert_near_ties,
+    plain_run,
+)
 
-from reame_core.backend.base import Backend
 from reame_core.backend.llama import LlamaBackend
 from reame_core.chat import encode_chat
 from reame_core.engine.engine import Engine
-from reame_core.engine.slots import common_prefix
 from reame_core.errors import ModelLoadError
 from reame_core.plugins import PluginHost
 from reame_core.request import GenerationRequest, SamplingParams
@@ -35,8 +40,13 @@ REWRITES = (
     "Fix the typos: The wether was nice, so we walkd to the park and sat on a bench "
     "under the big oak tree untill the sun went down behind the hills.",
     "Convert to a bulleted list: apples, oranges, bananas, grapes, pears, plums, cherries.",
+    "Repeat after me: one small step for a man, one giant leap for mankind.",
+    "Translate to French: the cat sleeps on the warm red chair by the window.",
+    "Copy this list exactly: red, green, blue, yellow, purple, orange, black, white.",
+    "Rewrite in the past tense: She walks to school and reads a book on the bus.",
+    "Correct the spelling: I recieved the pakage yesterday and it was definately broken.",
 )
-MAX_TOKENS = 48
+MAX_TOKENS = 32
 
 
 @pytest.fixture(scope="session")
@@ -68,41 +78,33 @@ def q8_backend(smollm2_q8: Path, use_extra_bufts: bool) -> Iterator[LlamaBackend
 
 
 def greedy(prompt: list[int]) -> GenerationRequest:
-    return GenerationRequest(prompt, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
-
-
-def assert_follows_plain_path(
-    backend: Backend, prompt: list[int], plain: tuple[int, ...], drafted: tuple[int, ...]
-) -> None:
-    split = common_prefix(plain, drafted)
-    if split < len(plain):
-        gap = top_two_gap(backend, [*prompt, *plain[:split]])
-        assert gap < NEAR_TIE, f"diverged at token {split} where the plain path was sure ({gap})"
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=TOP)
+    return GenerationRequest(prompt, params)
 
 
 def test_prompt_lookup_output_follows_the_plain_path(
     backend: LlamaBackend, make_engine: MakeEngine
 ) -> None:
-    prompts = [encode_chat(backend, [{"role": "user", "content": text}]) for text in REWRITES]
+    prompts = [encode_chat(backend.info, [{"role": "user", "content": text}]) for text in REWRITES]
     plain_engine = make_engine(backend)
-    plain = [plain_engine.generate(greedy(p)).candidates[0].tokens for p in prompts]
+    plain = [plain_run(plain_engine, greedy(p)) for p in prompts]
     plain_engine.stop()
     engine = make_engine(backend, speculate="on")
     results = [engine.generate(greedy(p)) for p in prompts]
-    engine.stop()  # top_two_gap decodes on the backend itself
+    engine.stop()
 
     accepted = sum(r.usage.draft_accepted.get("prompt_lookup", 0) for r in results)
     assert accepted > 0, "the rewrites should let prompt lookup draft"
-    for prompt, reference, result in zip(prompts, plain, results, strict=True):
-        assert_follows_plain_path(backend, prompt, reference, result.candidates[0].tokens)
+    drafted = [result.candidates[0].tokens for result in results]
+    assert_near_ties(plain, drafted, VERIFY_FLIP_RATE_Q4_1)
 
 
 def test_draft_model_output_follows_the_plain_path(
     q8_backend: LlamaBackend, smollm2_path: Path, make_engine: MakeEngine
 ) -> None:
-    prompts = [encode_chat(q8_backend, [{"role": "user", "content": t}]) for t in REWRITES]
+    prompts = [encode_chat(q8_backend.info, [{"role": "user", "content": t}]) for t in REWRITES]
     plain_engine = make_engine(q8_backend)
-    plain = [plain_engine.generate(greedy(p)).candidates[0].tokens for p in prompts]
+    plain = [plain_run(plain_engine, greedy(p)) for p in prompts]
     plain_engine.stop()
     for seq_id in range(q8_backend.info.n_seq_max):
         q8_backend.seq_rm(seq_id, -1, -1)
@@ -118,8 +120,8 @@ def test_draft_model_output_follows_the_plain_path(
     accepted = sum(r.usage.draft_accepted.get("draft_model", 0) for r in results)
     proposed = sum(r.usage.draft_proposed.get("draft_model", 0) for r in results)
     assert accepted > proposed // 2, (accepted, proposed)  # Q4_1 guesses Q8_0 well
-    for prompt, reference, result in zip(prompts, plain, results, strict=True):
-        assert_follows_plain_path(q8_backend, prompt, reference, result.candidates[0].tokens)
+    drafted = [result.candidates[0].tokens for result in results]
+    assert_near_ties(plain, drafted, VERIFY_FLIP_RATE_Q8_0)
 
 
 @pytest.mark.gemma

@@ -14,9 +14,11 @@ from reame_core.autoconfig.plan import (
     GIB,
     MIB,
     RUNTIME_RESERVE,
+    Choice,
     HostPlan,
     plan_host,
 )
+from reame_core.hooktypes import DiskNeed
 from reame_core.models.registry import CARDS
 from reame_core.models.shape import ModelShape
 from reame_core.settings import Settings
@@ -189,29 +191,50 @@ def test_an_explicit_q8_0_kv_quantizes_only_the_keys_when_deterministic() -> Non
     assert (result.kv_type_k.value, result.kv_type_v.value) == ("q8_0", "f16")
 
 
-def test_disk_budgets_take_a_share_of_the_free_disk_up_to_a_cap() -> None:
-    small = plan(host(disk_gb=8), SMOLLM2)
-    large = plan(SERVER_16, SMOLLM2)
-
-    assert small.prefix_cache_bytes.value == 2 * GIB
-    assert small.archive_bytes.value == int(8 * GIB * 0.05) // MIB * MIB
-    assert large.prefix_cache_bytes.value == 10 * GIB
-    assert large.archive_bytes.value == 1 * GIB
-    assert "/var/cache/reame" in large.prefix_cache_bytes.why
+CACHE = DiskNeed("cache", "cached things", share=0.25, cap=10 * GIB)
+ARCHIVE = DiskNeed("archive", "archived things", share=0.05, cap=1 * GIB, setting="size")
 
 
-def test_disk_caches_are_off_on_a_nearly_full_disk() -> None:
-    result = plan(host(disk_gb=0.5), SMOLLM2)
+def test_a_plan_without_disk_needs_has_no_budget_lines() -> None:
+    result = plan(SERVER_16, SMOLLM2)
 
-    assert (result.prefix_cache_bytes.value, result.archive_bytes.value) == (0, 0)
+    assert result.disk_budgets == ()
+    assert not any("budget" in label for label, _ in result.explain())
+    assert result.plugin_defaults() == {}
+
+
+def test_each_disk_need_gets_its_share_of_the_free_disk_up_to_its_cap() -> None:
+    small = plan_host(Settings(), host(disk_gb=8), SMOLLM2, [CACHE, ARCHIVE])
+    large = plan_host(Settings(), SERVER_16, SMOLLM2, [CACHE, ARCHIVE])
+
+    assert [b.bytes.value for b in small.disk_budgets] == [
+        2 * GIB,
+        int(8 * GIB * 0.05) // MIB * MIB,
+    ]
+    assert [b.bytes.value for b in large.disk_budgets] == [10 * GIB, 1 * GIB]
+    assert large.plugin_defaults() == {"cache": {"budget": 10 * GIB}, "archive": {"size": 1 * GIB}}
+    lines = dict(large.explain())
+    assert "/var/cache/reame" in lines["cache budget"]
+    assert "cached things" in lines["cache budget"]
+    assert lines["archive budget"].startswith("1.0 GiB: 5% of the 500.0 GiB free")
+
+
+def test_disk_needs_get_nothing_on_a_nearly_full_disk() -> None:
+    result = plan_host(Settings(), host(disk_gb=0.5), SMOLLM2, [CACHE, ARCHIVE])
+
+    assert [budget.bytes.value for budget in result.disk_budgets] == [0, 0]
+    assert "no room for cached things" in dict(result.explain())["cache budget"]
 
 
 def test_an_explicit_disk_budget_wins() -> None:
-    result = plan(SERVER_16, SMOLLM2, plugins={"diskkv": {"budget": 123 * MIB}})
+    settings = Settings(plugins={"cache": {"budget": "123MiB"}, "archive": {"budget": 1}})
+    result = plan_host(settings, SERVER_16, SMOLLM2, [CACHE, ARCHIVE])
+    cache, archive = result.disk_budgets
 
-    assert result.prefix_cache_bytes.value == 123 * MIB
-    assert result.prefix_cache_bytes.explicit
-    assert result.plugin_defaults()["diskkv"] == {"budget": 123 * MIB}
+    assert cache.bytes == Choice(123 * MIB, "set in [plugins.cache]", explicit=True)
+    assert not archive.bytes.explicit  # its setting is `size`, not `budget`
+    assert result.plugin_defaults()["cache"] == {"budget": 123 * MIB}
+    assert "123 MiB (set): set in [plugins.cache]" in dict(result.explain())["cache budget"]
 
 
 @pytest.mark.parametrize(

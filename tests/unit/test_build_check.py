@@ -325,7 +325,7 @@ def test_the_runtime_loads_the_model_the_way_the_check_decided(
         loads.append(use_extra_bufts)
         return FakeBackend()
 
-    monkeypatch.setattr(runtime, "prepare", lambda _settings: preparation)
+    monkeypatch.setattr(runtime, "prepare", lambda _settings, _needs: preparation)
     monkeypatch.setattr(runtime, "load_backend", load)
 
     runtime.start_runtime(settings, plugins=PluginHost(discover=False)).close()

@@ -15,6 +15,7 @@ from reame_core.cli import main as cli_main
 from reame_core.cli import run as cli_run
 from reame_core.cli.plugins import plugins_command
 from reame_core.hookspecs import hookimpl
+from reame_core.hooktypes import SequenceView
 from reame_core.plugins import PluginHost
 from reame_core.request import SamplingParams
 from reame_core.runtime import Runtime, start_runtime
@@ -115,20 +116,34 @@ def test_one_shot_prints_the_answer_and_exits_zero(
     assert not fake_runtime[0].engine.busy
 
 
-def test_piped_stdin_goes_before_the_prompt(
-    fake_runtime: list[Runtime], monkeypatch: pytest.MonkeyPatch
-) -> None:
+class PromptRecorder:
+    """Keeps the prompt of every sequence the engine starts, as text (the fake tokenizer
+    maps byte b to token b)."""
+
+    def __init__(self) -> None:
+        self.prompts: list[str] = []
+
+    @hookimpl
+    def reame_sequence_started(self, seq: SequenceView) -> None:
+        text = bytes(token for token in seq.prompt_tokens if token < 256)
+        self.prompts.append(text.decode("utf-8", errors="replace"))
+
+
+def test_piped_stdin_goes_before_the_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
+    recorder = PromptRecorder()
+
+    def start(settings: Settings) -> Runtime:
+        host = PluginHost(discover=False)
+        host.register(recorder, "recorder")
+        return start_runtime(settings, backend=FakeBackend(), plugins=host)
+
+    monkeypatch.setattr(cli_run, "start_runtime", start)
     monkeypatch.setattr("sys.stdin", _Stdin("the document\n", tty=False))
-    asked: list[str] = []
-    original_reply = cli_run.reply
 
-    def reply(runtime: Runtime, conversation: cli_run.Conversation, out: TextIO) -> str:
-        asked.append(conversation.messages[-1]["content"])
-        return original_reply(runtime, conversation, out)
-
-    monkeypatch.setattr(cli_run, "reply", reply)
     assert cli_main.main(["run", "Summarize:", "--max-tokens", "4"]) == 0
-    assert asked == ["the document\n\nSummarize:"]
+
+    [prompt] = recorder.prompts
+    assert "the document\n\nSummarize:" in prompt
 
 
 def test_empty_piped_input_without_prompt_is_an_error(
@@ -234,6 +249,38 @@ def test_repl_keeps_the_conversation_and_reuses_its_kv(fake_runtime: list[Runtim
             "assistant",
         ]
         assert runtime.engine.stats.reused_tokens > 0
+    finally:
+        runtime.close()
+
+
+def test_repl_turn_beyond_the_context_is_refused_and_forgotten(
+    fake_runtime: list[Runtime],
+) -> None:
+    backend = FakeBackend(n_ctx_seq=64)
+    runtime = start_runtime(Settings(), backend=backend, plugins=PluginHost(discover=False))
+    try:
+        lines = iter(["x" * 100, "short", "/bye"])
+        out = io.StringIO()
+        conversation = cli_run.Conversation(SamplingParams(max_tokens=5))
+        assert cli_run.repl(runtime, conversation, lambda _: next(lines), out) == 0
+        assert "context per sequence is 64" in out.getvalue()
+        assert "/clear to start over" in out.getvalue()
+        # The refused turn is forgotten; the next one is answered.
+        assert [m["role"] for m in conversation.messages] == ["user", "assistant"]
+        assert conversation.messages[0]["content"] == "short"
+    finally:
+        runtime.close()
+
+
+def test_repl_answer_stops_where_the_context_ends(fake_runtime: list[Runtime]) -> None:
+    runtime = start_runtime(
+        Settings(), backend=FakeBackend(n_ctx_seq=64), plugins=PluginHost(discover=False)
+    )
+    try:
+        lines = iter(["hello", "/bye"])
+        conversation = cli_run.Conversation(SamplingParams(max_tokens=500, ignore_eos=True))
+        assert cli_run.repl(runtime, conversation, lambda _: next(lines), io.StringIO()) == 0
+        assert conversation.messages[-1]["role"] == "assistant"
     finally:
         runtime.close()
 

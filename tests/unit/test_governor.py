@@ -33,7 +33,7 @@ from draft_sources import (
 from reame_core.backend import fake as fake_module
 from reame_core.backend.base import Batch, equal_split_passes
 from reame_core.backend.fake import FakeBackend
-from reame_core.engine import engine as engine_module
+from reame_core.engine import committer, runner, scheduler
 from reame_core.engine.engine import Engine
 from reame_core.engine.governor import PROBE_BUDGET, PROBE_EVERY, Governor
 from reame_core.hookspecs import hookimpl
@@ -97,7 +97,8 @@ class VirtualClock:
 def clock(monkeypatch: pytest.MonkeyPatch) -> VirtualClock:
     clock = VirtualClock()
     monkeypatch.setattr(fake_module, "time", clock)
-    monkeypatch.setattr(engine_module, "time", clock)
+    for module in (scheduler, runner, committer):  # the engine's parts that keep time
+        monkeypatch.setattr(module, "time", clock)
     return clock
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from reame_core.hookspecs import hookimpl
+from reame_core.hooktypes import DiskNeed
 from reame_core.plugins import PluginHost, PluginRecord
 
 GOOD_PLUGIN = """
@@ -109,6 +110,29 @@ def test_disabled_in_process_plugin_is_not_registered() -> None:
 
     assert not record(host, "describer").enabled
     assert "describes itself" not in host.hook.reame_describe()
+
+
+class DiskUser:
+    NEED = DiskNeed("disk_user", "its files", share=0.1, cap=1 << 30)
+
+    @hookimpl
+    def reame_disk_need(self) -> DiskNeed:
+        return self.NEED
+
+
+def test_the_builtins_ask_for_no_disk() -> None:
+    assert PluginHost(discover=False).disk_needs() == []
+
+
+def test_a_plugin_that_keeps_files_asks_for_disk_unless_disabled() -> None:
+    enabled = PluginHost(discover=False)
+    disabled = PluginHost(disabled=["disk_user"], discover=False)
+
+    for host in (enabled, disabled):
+        host.register(DiskUser(), "disk_user")
+
+    assert enabled.disk_needs() == [DiskUser.NEED]
+    assert disabled.disk_needs() == []
 
 
 # ----------------------------------------------------------------- entry points

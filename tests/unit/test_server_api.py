@@ -561,18 +561,61 @@ def test_openapi_schema_describes_the_api(serve: Callable[..., Client]) -> None:
 # --------------------------------------------------------------------------- speculation
 
 
+ECHO = {
+    "text": "The cat sat on",  # greedy: " c prljtrt c prljtrt c prljtrt..."
+    "chat": [{"role": "user", "content": "The cat sat on"}],
+}
+
+
 def generate(client: Client, route: str, **fields: Any) -> httpx.Response:
     return chat(client, **fields) if route == "chat" else complete(client, **fields)
 
 
-@pytest.mark.parametrize("mode", ["auto", "on", "off"])
+def prompt_lookup_report(client: Client) -> dict[str, Any]:
+    sources = ok(client.get("/speculation"))["sources"]
+    found: dict[str, Any] = next(s for s in sources if s["source"] == "prompt_lookup")
+    return found
+
+
 @pytest.mark.parametrize("route", ["chat", "text"])
-def test_speculate_field_accepts_auto_on_and_off(client: Client, route: str, mode: str) -> None:
+def test_speculate_on_verifies_prompt_lookup_drafts(client: Client, route: str) -> None:
     answer = reply if route == "chat" else text
+    # The fake model soon repeats itself, so prompt lookup always has a guess.
+    fields = {"max_tokens": 40, "prompt" if route == "text" else "messages": ECHO[route]}
 
-    speculating = answer(generate(client, route, speculate=mode))
+    speculating = generate(client, route, speculate="on", **fields)
 
-    assert speculating == answer(generate(client, route))  # greedy: drafts change nothing
+    drafts = ok(speculating)["timings"]["drafts"]["prompt_lookup"]
+    assert drafts["proposed"] > 0
+    report = prompt_lookup_report(client)
+    assert report["drafts"] > 0
+    assert report["probes"] == 0  # every draft is verified: nothing is left to probe
+    plain = generate(client, route, speculate="off", **fields)
+    assert answer(speculating) == answer(plain)  # greedy: drafts change nothing
+
+
+@pytest.mark.parametrize("route", ["chat", "text"])
+def test_speculate_off_never_asks_for_drafts(client: Client, route: str) -> None:
+    fields = {"max_tokens": 40, "prompt" if route == "text" else "messages": ECHO[route]}
+
+    body = ok(generate(client, route, speculate="off", **fields))
+
+    assert "drafts" not in body["timings"] and "draft_n" not in body["timings"]
+    report = prompt_lookup_report(client)
+    assert (report["proposed"], report["probes"], report["drafts"]) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("route", ["chat", "text"])
+def test_speculate_auto_lets_the_governor_probe(client: Client, route: str) -> None:
+    answer = reply if route == "chat" else text
+    fields = {"max_tokens": 40, "prompt" if route == "text" else "messages": ECHO[route]}
+
+    governed = generate(client, route, speculate="auto", **fields)
+
+    # A request's first steps probe every source; on the cost-free fake model drafting
+    # never pays, so the governor verifies little or nothing after that.
+    assert prompt_lookup_report(client)["probes"] > 0
+    assert answer(governed) == answer(generate(client, route, speculate="off", **fields))
 
 
 @pytest.mark.parametrize("value", ["sometimes", True])

@@ -183,6 +183,8 @@ def test_request_beyond_the_queue_is_429_queue_full(
     first, second = asyncio.run(asyncio.wait_for(scenario(), 5.0))
     assert first.status == 200
     assert second.status == 429
+    assert server.runtime is not None
+    assert server.runtime.engine.stats.requests_submitted == 1  # it never saw the second
     assert second.json() == {
         "error": {
             "message": second.json()["error"]["message"],

@@ -14,6 +14,10 @@ from litestar import Litestar
 from litestar.testing import TestClient
 
 from reame_core.backend.fake import FakeBackend
+from reame_core.hookspecs import hookimpl
+from reame_core.hooktypes import ModelInfo
+from reame_core.plugins import PluginHost
+from reame_core.request import GenerationRequest
 from reame_core.server.app import create_app
 from reame_core.server.service import ServerState
 from reame_core.settings import Settings
@@ -95,6 +99,14 @@ def text_body(**fields: Any) -> dict[str, Any]:
         (TEXT, text_body(logprobs=6), "logprobs"),
         (TEXT, text_body(echo=True), "echo"),
         (TEXT, text_body(max_tokens=0), "max_tokens"),
+        # The same limits on the other route, checked by the same code.
+        (TEXT, text_body(temperature=2.5), "temperature"),
+        (TEXT, text_body(n=5), "n"),
+        (TEXT, text_body(stop=[""]), "stop"),
+        (TEXT, text_body(logit_bias={"120": -101}), "logit_bias"),
+        (TEXT, text_body(logit_bias={"-1": 1}), "logit_bias"),
+        (TEXT, text_body(prompt=[[256, 104], [1, 300]]), "prompt"),
+        (CHAT, chat_body(logprobs=True, top_logprobs=-1), "top_logprobs"),
     ],
 )
 def test_out_of_range_field_is_refused_naming_it(
@@ -126,31 +138,64 @@ def test_unknown_role_is_refused_naming_the_message(client: Client) -> None:
 
 
 @pytest.mark.parametrize(
-    ("field", "value", "plugin"),
-    [
-        ("best_of", 3, "reame-conclave"),
-        ("grammar", "root ::= [a-z]+", "reame-suggeritore"),
-        ("json_schema", {"type": "object"}, "reame-suggeritore"),
-        ("regex", "[a-z]+", "reame-suggeritore"),
-    ],
+    ("field", "value"),
+    [("best_of", 3), ("grammar", "root ::= [a-z]+"), ("json_schema", {"type": "object"})],
 )
-def test_plugin_field_without_its_plugin_names_the_plugin(
-    client: Client, field: str, value: Any, plugin: str
+def test_field_no_enabled_plugin_claims_is_refused_naming_the_field_not_a_plugin(
+    client: Client, field: str, value: Any
 ) -> None:
     error = openai_error(client.post(TEXT, json=text_body(**{field: value})), 400, param=field)
-    assert plugin in error["message"]
+    assert f"'{field}'" in error["message"]
+    assert "no enabled plugin handles it; `reame plugins` lists them" in error["message"]
+    assert "reame-" not in error["message"]
 
 
 @pytest.mark.parametrize(
     "response_format",
     [{"type": "json_object"}, {"type": "json_schema", "json_schema": {"type": "object"}}],
 )
-def test_structured_response_format_names_the_plugin(
+def test_structured_response_format_without_a_plugin_is_refused_naming_no_plugin(
     client: Client, response_format: dict[str, Any]
 ) -> None:
     body = chat_body(response_format=response_format)
     error = openai_error(client.post(CHAT, json=body), 400, param="response_format")
-    assert "reame-suggeritore" in error["message"]
+    assert response_format["type"] in error["message"]
+    assert "reame-" not in error["message"] and "`reame plugins`" in error["message"]
+
+
+class ClaimingPlugin:
+    """Claims request fields, and keeps the extensions of the requests it checks."""
+
+    def __init__(self, *fields: str) -> None:
+        self.fields = fields
+        self.seen: list[dict[str, Any]] = []
+
+    @hookimpl
+    def reame_request_extensions(self) -> dict[str, str]:
+        return {field: "a test extension" for field in self.fields}
+
+    @hookimpl
+    def reame_check_request(self, request: GenerationRequest, model: ModelInfo) -> None:
+        self.seen.append(dict(request.extensions))
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "field"),
+    [
+        (TEXT, text_body(best_of=3), "best_of"),
+        (CHAT, chat_body(response_format={"type": "json_object"}), "response_format"),
+    ],
+)
+def test_field_an_enabled_plugin_claims_reaches_it_as_an_extension(
+    serve: Callable[..., Client], plugins: PluginHost, route: str, body: dict[str, Any], field: str
+) -> None:
+    plugin = ClaimingPlugin(field)
+    plugins.register(plugin, "claiming")
+
+    response = serve().post(route, json=body)
+
+    assert response.status_code == 200, response.text
+    assert plugin.seen == [{field: body[field]}]
 
 
 def test_suffix_with_a_token_id_prompt_is_not_silently_ignored(client: Client) -> None:
@@ -200,6 +245,14 @@ def test_chat_prompt_longer_than_context_names_messages(small: Client) -> None:
 def test_text_prompt_longer_than_context_names_prompt(small: Client) -> None:
     body = text_body(prompt="x" * 100, max_tokens=None)  # None: "as much as fits"
     openai_error(small.post(TEXT, json=body), 400, param="prompt", code="context_length_exceeded")
+
+
+@pytest.mark.parametrize(("route", "param"), [(CHAT, "messages"), (TEXT, "prompt")])
+def test_huge_max_tokens_is_refused_as_context_overflow_naming_the_prompt(
+    small: Client, route: str, param: str
+) -> None:
+    body = chat_body(max_tokens=2**70) if route == CHAT else text_body(max_tokens=2**70)
+    openai_error(small.post(route, json=body), 400, param=param, code="context_length_exceeded")
 
 
 def test_request_that_exactly_fills_the_context_is_served(small: Client) -> None:

@@ -23,12 +23,12 @@ from typing import Any
 import structlog
 
 from reame_core.hookspecs import hookimpl
-from reame_core.hooktypes import ModelInfo, PrefixHit
+from reame_core.hooktypes import DiskNeed, ModelInfo, PrefixHit
 from reame_core.settings import Settings
 from reame_diskkv import cli
 from reame_diskkv.entry_format import codec_for
 from reame_diskkv.policy import SnapshotPolicy
-from reame_diskkv.settings import NAME, DiskKVSettings
+from reame_diskkv.settings import BUDGET_CAP, BUDGET_SHARE_OF_FREE_DISK, NAME, DiskKVSettings
 from reame_diskkv.store import CacheCounters, DiskStore, Snapshot
 from reame_diskkv.writer import SnapshotWriter
 
@@ -61,6 +61,14 @@ class DiskPrefixCache:
     @hookimpl
     def reame_add_commands(self, commands: argparse._SubParsersAction[Any]) -> None:
         cli.add_cache_command(commands)
+
+    # ----------------------------------------------------------------- planning
+
+    @hookimpl
+    def reame_disk_need(self) -> DiskNeed:
+        return DiskNeed(
+            NAME, "the KV of shared prompt prefixes", BUDGET_SHARE_OF_FREE_DISK, BUDGET_CAP
+        )
 
     # ---------------------------------------------------------------- lifecycle
 

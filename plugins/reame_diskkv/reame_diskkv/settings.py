@@ -1,11 +1,11 @@
 """The plugin's settings section, ``[plugins.diskkv]``, and the defaults it takes from the host.
 
 Where the cache lives: `dir`, by default ``$XDG_CACHE_HOME/reame/kv`` (``~/.cache/reame/kv``).
-How much disk it may take: `budget`. Its default comes from the host plan (`reame config`:
-a quarter of the free disk, at most 10 GiB); where no plan ran (an embedding application),
-a quarter of the disk space that is free or already the cache's own, at most 10 GiB —
-enough for hundreds of long system prompts, while leaving room on a small free-tier disk
-for models and logs.
+How much disk it may take: `budget`. Its default comes from the host plan, which grants the
+need the plugin declares (`reame_disk_need`: a quarter of the free disk, at most 10 GiB;
+`reame config` shows it); where no plan ran (an embedding application), a quarter of the
+disk space that is free or already the cache's own, at most 10 GiB — enough for hundreds
+of long system prompts, while leaving room on a small free-tier disk for models and logs.
 """
 
 from __future__ import annotations

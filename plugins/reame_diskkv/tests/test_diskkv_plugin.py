@@ -14,9 +14,12 @@ from diskkv_testing import SYSTEM, entry_files
 from litestar.testing import TestClient
 from pydantic import ValidationError
 
+from reame_core.autoconfig.facts import HostFacts
+from reame_core.autoconfig.plan import plan_host
 from reame_core.backend.fake import FakeBackend
 from reame_core.cli import main as cli_main
 from reame_core.engine.engine import Engine
+from reame_core.models.registry import CARDS
 from reame_core.plugins import PluginHost
 from reame_core.request import GenerationRequest, SamplingParams
 from reame_core.runtime import start_runtime
@@ -79,6 +82,35 @@ def test_default_budget_is_a_quarter_of_the_disk_the_cache_may_use(tmp_path: Pat
 
     assert default_budget(tmp_path, held) == min(BUDGET_CAP, (free + held) // 4)
     assert DiskKVSettings(budget="512MiB").budget_bytes(held) == 512 << 20
+
+
+def facts(disk_gb: float) -> HostFacts:
+    return HostFacts("x86_64", 2, 2, 4 << 30, 3 << 30, int(disk_gb * (1 << 30)), Path("/d"))
+
+
+@pytest.mark.parametrize(("disk_gb", "budget"), [(8, 2 << 30), (500, BUDGET_CAP), (0.5, 0)])
+def test_the_host_plan_grants_diskkv_a_quarter_of_the_free_disk_up_to_its_cap(
+    disk_gb: float, budget: int
+) -> None:
+    needs = [need for need in PluginHost().disk_needs() if need.section == "diskkv"]
+    plan = plan_host(Settings(), facts(disk_gb), CARDS["smollm2-135m"].shape, needs)
+
+    assert plan.plugin_defaults() == {"diskkv": {"budget": budget}}
+
+
+def test_reame_config_shows_the_diskkv_budget_and_the_flag_that_sets_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli_main.main(["config"]) == 0
+    auto = capsys.readouterr().out
+    assert cli_main.main(["config", "--kv-cache-budget", "2GiB"]) == 0
+    explicit = capsys.readouterr().out
+    assert cli_main.main(["config", "--disable-plugin", "diskkv"]) == 0
+    disabled = capsys.readouterr().out
+
+    assert "diskkv budget" in auto and "(set)" not in auto
+    assert "diskkv budget  2.0 GiB (set): set in [plugins.diskkv]" in explicit
+    assert "diskkv" not in disabled
 
 
 def test_flags_set_the_cache_directory_and_budget() -> None:

@@ -148,19 +148,45 @@ while True:
 """
 
 
+def entries_being_written(cache_dir: Path, pid: int) -> list[Path]:
+    """The temporary files of entries process `pid` writes (not its writability probe)."""
+    mine = f".{pid}."
+    return [
+        path
+        for path in temp_files(cache_dir)
+        if mine in path.name and not path.name.startswith(".probe.")
+    ]
+
+
+def kill_while_writing(writer: subprocess.Popen[bytes], cache_dir: Path, within_s: float) -> None:
+    """SIGKILL `writer` the moment it starts writing an entry, or after `within_s`."""
+    deadline = time.monotonic() + within_s
+    while not entries_being_written(cache_dir, writer.pid) and time.monotonic() < deadline:
+        time.sleep(0.0005)  # leave the writer the CPU it writes with
+    writer.send_signal(signal.SIGKILL)
+
+
 def test_writer_killed_at_any_moment_leaves_only_complete_entries(cache_dir: Path) -> None:
     script = WRITE_FOREVER.format(tests=str(Path(__file__).parent))
     chance = random.Random(5)
-    for _ in range(4):
+    killed_mid_write = 0
+    for round in range(8):
         writer = subprocess.Popen([sys.executable, "-c", script, str(cache_dir)])
-        time.sleep(1.0 + chance.uniform(0.0, 0.5))
-        writer.send_signal(signal.SIGKILL)
+        if round % 2:  # every other kill aims at a write in progress
+            kill_while_writing(writer, cache_dir, within_s=10.0)
+        else:
+            time.sleep(1.0 + chance.uniform(0.0, 0.5))
+            writer.send_signal(signal.SIGKILL)
         writer.wait()
+        killed_mid_write += bool(entries_being_written(cache_dir, writer.pid))
+        for path in entry_files(cache_dir):  # an entry is named only once it is complete
+            verify(path.read_bytes())
 
     survivor = DiskStore(cache_dir)
     survivor.reconcile()
 
-    assert temp_files(cache_dir) == []
+    assert killed_mid_write >= 2  # entries caught mid-write were left as temporary files...
+    assert temp_files(cache_dir) == []  # ...which repair deleted
     files = entry_files(cache_dir)
     assert files and survivor.count() == len(files)
     for path in files:

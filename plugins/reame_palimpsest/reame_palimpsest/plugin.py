@@ -1,8 +1,11 @@
 """The `palimpsest` plugin's hook implementations.
 
 This release registers the plugin and validates its ``[plugins.palimpsest]`` settings
-section; the feature itself (generation archive as a draft source)
-is not active yet, and the plugin says so rather than claiming it.
+section; the feature itself (generation archive as a draft source) is not active yet, and
+the plugin says so rather than claiming it. It writes nothing, so it asks the host plan for
+no disk (`reame_disk_need`) and `reame config` shows no budget for it; a `budget` set in its
+section is accepted for the archive to come. It needs no request field: the archive feeds
+drafts, which never change the output.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ class PalimpsestSettings(BaseModel):
 
     budget: ByteSize | None = Field(
         None,
-        description="Most bytes the archive may take (e.g. 1GiB, 100MB); default: the host "
-        "plan's (5% of the free disk, at most 1 GiB).",
+        description="Most bytes the archive may take (e.g. 1GiB, 100MB), once it is active; "
+        "this release writes no archive.",
     )
 
 

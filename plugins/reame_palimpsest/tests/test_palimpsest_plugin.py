@@ -1,10 +1,15 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
 from reame_core.backend.fake import FakeBackend
+from reame_core.cli import main as cli_main
 from reame_core.plugins import PluginHost
+from reame_core.request import GenerationRequest, SamplingParams
+from reame_core.runtime import start_runtime
 from reame_core.settings import Settings
 from reame_palimpsest.plugin import PalimpsestSettings
 
@@ -44,7 +49,25 @@ def test_palimpsest_accepts_the_documented_budget_setting() -> None:
     assert section.budget == 100_000_000
 
 
-def test_palimpsest_budget_defaults_to_the_host_plan() -> None:
-    settings = Settings().with_plugin_defaults({"palimpsest": {"budget": 50 << 20}})
+def test_palimpsest_writes_nothing_so_asks_for_no_disk() -> None:
+    record = next(r for r in PluginHost().records() if r.name == "palimpsest")
 
-    assert settings.plugin_section("palimpsest", PalimpsestSettings).budget == 50 << 20
+    assert "reame_disk_need" not in record.hooks
+
+
+def test_a_config_file_with_a_palimpsest_budget_still_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "reame.toml"
+    config.write_text('[plugins.palimpsest]\nbudget = "100MB"\n')
+
+    assert cli_main.main(["run", "--explain", "--config", str(config)]) == 0
+    assert "palimpsest" not in capsys.readouterr().out
+    runtime = start_runtime(Settings.load(config), backend=FakeBackend(), plugins=PluginHost())
+    try:
+        prompt = FakeBackend().tokenize("Hello", add_special=True, parse_special=False)
+        finished = runtime.engine.generate(GenerationRequest(prompt, SamplingParams(max_tokens=4)))
+    finally:
+        runtime.close()
+
+    assert finished.error is None

@@ -1,0 +1,276 @@
+"""The committer: what a decode's logits become — tokens, events, finished requests.
+
+Given a decode's rows, it records the computed tokens in each slot, then per sequence:
+at the end of a prompt copies the KV to the sibling candidates and samples each one's first
+token; otherwise samples the next token or has the drafts verified (hook
+`reame_verify_drafts`, rolling back the rejected ones) — all after the hook
+`reame_constrain_logits`. Committed tokens go through the stop checks and the `TextStream`
+to a `TokenEvent` (hook `reame_tokens_committed`). It ends sequences (hooks
+`reame_select_candidates`, `reame_generation_finished`) and requests, with a `FinishEvent`
+whether they finished, failed or were cancelled.
+
+It keeps no state of its own: sequences hold theirs, the scheduler holds the requests in
+flight (the committer tells it when one leaves), the slots hold the KV record.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence as Seq
+from typing import Any
+
+import numpy as np
+import structlog
+
+from reame_core.backend.base import Backend
+from reame_core.engine.governor import Governor
+from reame_core.engine.scheduler import Planned, Scheduler
+from reame_core.engine.sequence import Candidate, Phase, RequestGroup
+from reame_core.engine.slots import KVRollbackError, KVSlots
+from reame_core.engine.stats import EngineStats
+from reame_core.hooktypes import CandidateView, DraftProposal, Verification
+from reame_core.plugins import PluginHost
+from reame_core.request import Event, FinishEvent, FinishReason, TokenEvent, TokenLogprob
+
+log = structlog.get_logger(__name__)
+
+
+class Committer:
+    def __init__(
+        self,
+        backend: Backend,
+        slots: KVSlots,
+        scheduler: Scheduler,
+        governor: Governor,
+        plugins: PluginHost,
+        stats: EngineStats,
+    ) -> None:
+        self.backend = backend
+        self.info = backend.info
+        self.slots = slots
+        self.scheduler = scheduler
+        self.governor = governor
+        self.hook: Any = plugins.hook
+        self.stats = stats
+        self._constrained = plugins.has_implementations("reame_constrain_logits")
+        self._committing = plugins.has_implementations("reame_tokens_committed")
+
+    # ------------------------------------------------------------------- rows
+
+    def take(self, planned: list[Planned], logits: np.ndarray, elapsed: float) -> None:
+        """Hand each planned sequence its rows of a decode that took `elapsed` seconds."""
+        row = 0
+        for item in planned:
+            seq = item.seq
+            if seq.finished:  # failed or cancelled by an earlier call of this step
+                continue
+            self.slots.appended(seq.slot, item.tokens)
+            if seq.phase is Phase.PREFILL:
+                self.stats.prefill_tokens += len(item.tokens)
+                if seq.prompt_remaining > 0:
+                    self.scheduler.store_prefix(seq)
+                    continue
+                self._prompt_ready(seq, logits[row])
+                row += 1
+            else:
+                rows = logits[row : row + len(item.tokens)]
+                row += len(item.tokens)
+                if item.draft is None:
+                    token, logprob = self._pick(seq, rows[0])
+                    self._commit(seq, [token], [logprob] if logprob else [])
+                else:
+                    self._verify(seq, item.draft, rows, elapsed)
+
+    # --------------------------------------------------------------- sampling
+
+    def _pick(
+        self, seq: Candidate, row: np.ndarray, pending: Seq[int] = ()
+    ) -> tuple[int, TokenLogprob | None]:
+        if self._constrained:
+            self.hook.reame_constrain_logits(seq=seq, pending=pending, logits=row)
+        sampler = seq.sampler
+        adjusted = sampler.adjust(row, pending)
+        if sampler.params.greedy:
+            token = int(adjusted.argmax())
+        else:
+            token = sampler.draw(sampler.probabilities(adjusted))
+        top = sampler.params.logprobs
+        # Log-probabilities are the model's own (raw logits), as OpenAI and llama-server report.
+        return token, (sampler.logprob(row, token, top) if top is not None else None)
+
+    def _prompt_ready(self, seq: Candidate, row: np.ndarray) -> None:
+        group = seq.group
+        group.prefill_done = time.perf_counter()
+        group.usage.prompt_ms = (group.prefill_done - group.prefill_started) * 1000
+        siblings = [s for s in group.sequences if s.phase is Phase.AWAITING_CLONE]
+        for sibling in siblings:
+            self.slots.copy(seq.slot, sibling.slot, seq.n_kv)
+        for candidate in [seq, *siblings]:
+            candidate.phase = Phase.DECODING
+            self.hook.reame_sequence_started(seq=candidate)
+            own_row = row if candidate is seq else np.array(row, copy=True)
+            token, logprob = self._pick(candidate, own_row)
+            self._commit(candidate, [token], [logprob] if logprob else [])
+
+    def _verify(
+        self, seq: Candidate, draft: DraftProposal, rows: np.ndarray, elapsed: float
+    ) -> None:
+        if self._constrained:
+            for i in range(len(rows)):
+                self.hook.reame_constrain_logits(seq=seq, pending=draft.tokens[:i], logits=rows[i])
+        verdict: Verification | None = self.hook.reame_verify_drafts(
+            seq=seq, draft=draft, logits=rows, sampler=seq.sampler
+        )
+        if verdict is None:  # no verifier registered: keep nothing, sample normally
+            verdict = Verification(0, (seq.sampler.sample(rows[0]),))
+        accepted = verdict.accepted
+        # KV now holds next_token + every draft; keep next_token + the accepted ones.
+        try:
+            self.slots.rollback(seq.slot, seq.n_kv - len(draft.tokens) + accepted)
+        except KVRollbackError as error:  # only this request's KV is in doubt
+            log.error("rejected drafts could not be dropped", error=str(error))
+            self.fail(seq.group, "the model could not take back rejected draft tokens")
+            return
+        self.governor.record(seq, draft, accepted)  # it keeps the totals per source
+        usage = seq.group.usage
+        usage.draft_proposed[draft.source] = usage.draft_proposed.get(draft.source, 0) + len(
+            draft.tokens
+        )
+        usage.draft_accepted[draft.source] = usage.draft_accepted.get(draft.source, 0) + accepted
+        self.hook.reame_drafts_verified(
+            seq=seq, draft=draft, accepted=accepted, step_seconds=elapsed
+        )
+        logprobs: list[TokenLogprob] = []
+        top = seq.params.logprobs
+        if top is not None:
+            for i, token in enumerate(verdict.tokens):
+                logprobs.append(seq.sampler.logprob(rows[i], token, top))
+        self._commit(seq, list(verdict.tokens), logprobs)
+
+    # ------------------------------------------------------------- committing
+
+    def _commit(self, seq: Candidate, tokens: list[int], logprobs: list[TokenLogprob]) -> None:
+        params = seq.params
+        eog = self.info.eog
+        committed: list[int] = []
+        text = ""
+        reason: FinishReason | None = None
+        for token in tokens:
+            if token in eog and not params.ignore_eos:
+                reason = "stop"
+                break
+            committed.append(token)
+            seq.output.append(token)
+            seq.sampler.accept(token)
+            text += seq.text.push(self.backend.token_bytes(token))
+            if seq.text.stopped:
+                reason = "stop"
+                break
+            if len(seq.output) >= params.max_tokens or seq.n_kv + 1 >= self.info.n_ctx_seq:
+                reason = "length"
+                break
+        kept_logprobs = tuple(logprobs[: len(committed)])
+        for item in kept_logprobs:
+            seq.cumulative_logprob += item.logprob
+        self.stats.generated_tokens += len(committed)
+        if committed:
+            seq.next_token = committed[-1]
+            if self._committing:
+                self.hook.reame_tokens_committed(seq=seq, tokens=committed)
+        if reason is not None:
+            text += seq.text.finish()
+        if committed or text:
+            self._emit(seq.group, TokenEvent(seq.candidate, tuple(committed), text, kept_logprobs))
+        if reason is not None:
+            self._finish(seq, reason)
+
+    # ---------------------------------------------------------------- endings
+
+    def _finish(self, seq: Candidate, reason: FinishReason) -> None:
+        seq.phase = Phase.FINISHED
+        seq.finish_reason = reason
+        group = seq.group
+        pin = group.request.session_id if seq.candidate == 0 else None
+        self.slots.release(seq.slot, session=pin)
+        group.usage.completion_tokens += len(seq.output)
+        self._ended(seq)
+        if len(group.sequences) > 1 and not group.done and not group.stop_others:
+            selection = self.hook.reame_select_candidates(
+                request=group.request, candidates=self._views(group), final=False
+            )
+            if selection is not None and selection.stop_others:
+                group.stop_others = True
+                for other in group.sequences:
+                    if not other.finished:
+                        self._finish(other, "stop")
+
+    def _ended(self, seq: Candidate) -> None:
+        """Every sequence passes here once, however it ends."""
+        self.governor.forget(seq)
+        reason = seq.finish_reason or "stop"
+        self.hook.reame_generation_finished(seq=seq, finish_reason=reason, text=seq.text.text)
+
+    def settle(self) -> None:
+        """Complete the requests whose candidates have all finished."""
+        # Counted (by the scheduler) before the callers hear of it: a reply may be read
+        # before the next step.
+        for group in self.scheduler.take_done():
+            self.complete(group)
+
+    def cancel(self, group: RequestGroup) -> None:
+        """End a running request its caller cancelled."""
+        for seq in group.sequences:
+            if not seq.finished:
+                self._finish(seq, "cancelled")
+        self.scheduler.drop(group)
+        self.complete(group)
+
+    def fail(self, group: RequestGroup, message: str) -> None:
+        """End a running request with an error; its slots' KV is in doubt, so dropped."""
+        if group not in self.scheduler.running:
+            return
+        for seq in group.sequences:
+            self.slots.truncate(seq.slot, 0)
+            if not seq.finished:
+                seq.phase = Phase.FINISHED
+                seq.finish_reason = "error"
+                group.usage.completion_tokens += len(seq.output)
+                self.slots.release(seq.slot)
+                self._ended(seq)
+        self.scheduler.drop(group)
+        self.complete(group, error=message)
+
+    def complete(self, group: RequestGroup, error: str | None = None) -> None:
+        """Send a request's `FinishEvent`, with the candidates the selection keeps."""
+        now = time.perf_counter()
+        if group.prefill_done:
+            group.usage.predicted_ms = (now - group.prefill_done) * 1000
+        chosen: tuple[int, ...] = tuple(range(len(group.sequences)))
+        if error is None and len(group.sequences) > 1:
+            selection = self.hook.reame_select_candidates(
+                request=group.request, candidates=self._views(group), final=True
+            )
+            if selection is not None:
+                chosen = selection.chosen
+        results = tuple(group.sequences[i].result() for i in chosen)
+        self.stats.requests_finished += 1
+        self._emit(group, FinishEvent(results, group.usage, error))
+
+    def _views(self, group: RequestGroup) -> list[CandidateView]:
+        return [
+            CandidateView(
+                s.candidate, tuple(s.output), s.text.text, s.finish_reason, s.cumulative_logprob
+            )
+            for s in group.sequences
+        ]
+
+    def _emit(self, group: RequestGroup, event: Event) -> None:
+        try:
+            group.emit(event)
+        except Exception as error:  # a vanished listener cancels its request, nothing more
+            log.warning(
+                "event listener failed; cancelling",
+                request=group.request.request_id,
+                error=str(error),
+            )
+            group.cancelled = True

@@ -1,0 +1,295 @@
+"""The scheduler: which requests hold slots, and what each step decodes.
+
+It owns the waiting queue and the requests in flight. It admits a waiting request into
+free slots when they suffice, reusing the longest prefix resident in a slot and then a
+longer stored one (hook `reame_prefix_lookup`), and learns where the prompt's prefixes are
+worth storing (`reame_prefix_store_points`; a chunk ends there and its state goes to
+`reame_prefix_store`). Each step it plans the decodes: one batch with every decoding
+sequence's next token plus the drafts the governor chose among those the sources offered
+(`reame_propose_drafts`), and one batch per prompt chunk.
+
+It decides what runs and never runs it: the runner decodes the batches, the committer
+turns their rows into tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import time
+from collections import deque
+from collections.abc import Mapping
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from reame_core.backend.base import Batch
+from reame_core.engine.governor import Governor
+from reame_core.engine.sampler import TokenSampler
+from reame_core.engine.sequence import Candidate, Phase, RequestGroup
+from reame_core.engine.slots import KVSlots, Slot, common_prefix
+from reame_core.engine.stats import EngineStats
+from reame_core.hooktypes import DraftProposal, DraftRequest, ModelInfo
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class Planned:
+    """One sequence's part of a decode: the tokens it feeds, and the draft among them."""
+
+    seq: Candidate
+    tokens: list[int]
+    draft: DraftProposal | None = None
+
+
+@dataclass
+class DecodeCall:
+    """One call of `backend.decode`: the batch, and whose tokens it holds in batch order."""
+
+    batch: Batch
+    planned: list[Planned]
+
+
+class Scheduler:
+    def __init__(
+        self,
+        slots: KVSlots,
+        info: ModelInfo,
+        hook: Any,
+        governor: Governor,
+        draft_sources: Mapping[str, Any],
+        stats: EngineStats,
+        prefill_chunk: int,
+    ) -> None:
+        self.slots = slots
+        self.info = info
+        self.hook = hook
+        self.governor = governor
+        self.stats = stats
+        self.prefill_chunk = prefill_chunk
+        self.waiting: deque[RequestGroup] = deque()
+        self.running: list[RequestGroup] = []
+        self._draft_sources = dict(draft_sources)
+        self._drafting = bool(self._draft_sources)
+
+    # ------------------------------------------------------------- the queues
+
+    def add(self, group: RequestGroup) -> None:
+        self.waiting.append(group)
+
+    def next_admissible(self) -> RequestGroup | None:
+        """The first waiting request, now running, if the free slots hold its n candidates.
+        Requests are admitted in order: a large `n` is not overtaken by smaller ones."""
+        if not self.waiting or self.slots.free_count() < self.waiting[0].request.n:
+            return None
+        group = self.waiting.popleft()
+        self.running.append(group)
+        return group
+
+    def drop(self, group: RequestGroup) -> None:
+        """The request has ended (finished, failed or cancelled): it no longer runs."""
+        self.running.remove(group)
+
+    def take_cancelled_waiting(self) -> list[RequestGroup]:
+        cancelled = [g for g in self.waiting if g.cancelled]
+        for group in cancelled:
+            self.waiting.remove(group)
+        return cancelled
+
+    def cancelled_running(self) -> list[RequestGroup]:
+        return [g for g in self.running if g.cancelled]
+
+    def take_done(self) -> list[RequestGroup]:
+        """Drop the requests whose candidates have all finished, and recount."""
+        done = [g for g in self.running if g.done]
+        for group in done:
+            self.running.remove(group)
+        self.count()
+        return done
+
+    def count(self) -> None:
+        self.stats.active_sequences = sum(
+            not seq.finished for group in self.running for seq in group.sequences
+        )
+        self.stats.waiting_requests = len(self.waiting)
+
+    # -------------------------------------------------------------- admission
+
+    def start(self, group: RequestGroup) -> None:
+        """Give an admitted request its slots, the prefix they can reuse and its samplers."""
+        request = group.request
+        prompt = request.prompt_tokens
+        seed = request.params.seed
+        if seed is None or seed < 0:  # llama.cpp's convention: a negative seed is random
+            seed = secrets.randbits(63)
+        sampler = TokenSampler(request.params, eog=self.info.eog, history=prompt, seed=seed)
+        # At least two prompt tokens are computed: the last one's logits are needed, and a
+        # lone token would take llama.cpp's decode path instead of the prefill path.
+        limit = max(0, len(prompt) - 2)
+        match = self.slots.longest_prefix(prompt, limit)
+        slot = self.slots.acquire(prefer=match.slot if match else None, session=request.session_id)
+        # Sequences own their slots from here on, so a failure below releases them.
+        group.sequences.append(Candidate(group, 0, slot, sampler))
+        for candidate in range(1, request.n):
+            sibling = Candidate(
+                group, candidate, self.slots.acquire(), sampler.fork(seed + candidate)
+            )
+            group.sequences.append(sibling)
+        if match is None:
+            self.slots.truncate(slot, 0)
+        elif match.slot is slot:
+            self.slots.truncate(slot, match.length)
+        else:
+            self.slots.copy(match.slot, slot, match.length)
+        reused = len(slot.tokens)
+        restored = self._restore_prefix(slot, prompt, reused, limit)
+        group.usage.prompt_tokens = len(prompt)
+        group.usage.cached_tokens = len(slot.tokens)
+        group.usage.restored_tokens = len(slot.tokens) if restored else 0
+        self.stats.prompt_tokens += len(prompt)
+        self.stats.reused_tokens += 0 if restored else reused
+        self.stats.restored_tokens += len(slot.tokens) if restored else 0
+        group.store_points = sorted(
+            {
+                point
+                for points in self.hook.reame_prefix_store_points(tokens=prompt, model=self.info)
+                for point in points
+                if len(slot.tokens) < point < len(prompt)
+            }
+        )
+        group.prefill_started = time.perf_counter()
+
+    def _restore_prefix(self, slot: Slot, prompt: Seq[int], reused: int, limit: int) -> bool:
+        hit = self.hook.reame_prefix_lookup(tokens=prompt, reused=reused, model=self.info)
+        if hit is None or hit.n_tokens <= reused or hit.n_tokens > len(prompt):
+            return False
+        held = prompt[: hit.n_tokens] if hit.state_tokens is None else hit.state_tokens
+        if common_prefix(held, prompt) < hit.n_tokens or (
+            len(held) > hit.n_tokens and not self.info.prefix_trim_safe
+        ):
+            log.error("stored prefix does not match the prompt; not restored", source=hit.source)
+            return False
+        if not self.slots.restore(slot, hit.state, held):
+            log.warning("stored prefix was refused by the model", source=hit.source)
+            return False
+        self.slots.truncate(slot, min(hit.n_tokens, limit))
+        return len(slot.tokens) > reused
+
+    def store_prefix(self, seq: Candidate) -> None:
+        """A prompt chunk ended short of the prompt's end: store the prefix if a store
+        point asked for it there."""
+        points = seq.group.store_points
+        if points and points[0] == seq.n_kv:
+            points.pop(0)
+            state = self.slots.snapshot(seq.slot)
+            tokens = list(seq.prompt_tokens[: seq.n_kv])
+            self.hook.reame_prefix_store(tokens=tokens, state=state, model=self.info)
+
+    # --------------------------------------------------------------- planning
+
+    def schedule(self) -> list[DecodeCall]:
+        """This step's decodes, in the order they run (none when nothing runs)."""
+        decoding: list[Candidate] = []
+        prefilling: list[Candidate] = []
+        active = 0
+        for group in self.running:
+            for seq in group.sequences:
+                phase = seq.phase
+                if phase is Phase.DECODING:
+                    decoding.append(seq)
+                elif phase is Phase.PREFILL:
+                    prefilling.append(seq)
+                if phase is not Phase.FINISHED:
+                    active += 1
+        self.stats.active_sequences = active
+        self.stats.waiting_requests = len(self.waiting)
+        # Decode tokens (one per sequence) and each prompt chunk go to llama.cpp in separate
+        # calls: it computes a sequence with one token in a micro-batch along another path
+        # than one with several, and a prompt chunk must be computed the same way whatever
+        # else runs, or its tokens would depend on the neighbours.
+        calls = [self._plan_decoding(decoding)] if decoding else []
+        if prefilling:
+            calls += self._plan_prefill(prefilling, busy=bool(decoding))
+        return calls
+
+    def _plan_decoding(self, decoding: list[Candidate]) -> DecodeCall:
+        drafts: dict[int, DraftProposal] = {}
+        if self._drafting:
+            # Prompt chunks have calls of their own: the decode batch may fill n_batch.
+            requests = self.governor.requests(decoding, self.info.n_ctx_seq, self.info.n_batch)
+            if requests:
+                proposals = self._propose(requests)
+                drafts = self.governor.choose(decoding, requests, proposals)
+        if len(decoding) > 1:
+            # With per-sequence KV, llama.cpp puts sequences in one micro-batch only while
+            # their ids ascend by one in batch order; any other order costs extra passes.
+            decoding = sorted(decoding, key=_seq_id)
+        batch = Batch()
+        planned = []
+        for seq in decoding:
+            draft = drafts.get(id(seq)) if drafts else None
+            tokens = [seq.next_token, *draft.tokens] if draft else [seq.next_token]
+            position, seq_id = seq.n_kv, seq.seq_id
+            for offset, token in enumerate(tokens):
+                batch.add(token, position + offset, seq_id, True)
+            planned.append(Planned(seq, tokens, draft))
+        return DecodeCall(batch, planned)
+
+    def _propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
+        """Ask the draft sources, cheapest first, what the governor wants of each (given
+        what the ones before offered), timing them: it weighs their cost. Proposals carry
+        the name of the plugin that made them."""
+        proposals: list[DraftProposal] = []
+        for name in self.governor.ordered():
+            asked = self.governor.ask(name, requests, proposals)
+            if not asked:
+                continue
+            started = time.perf_counter()
+            result = self._draft_sources[name].function(requests=asked)
+            made = [
+                p if p.source == name else dataclasses.replace(p, source=name) for p in result or ()
+            ]
+            self.governor.proposed(name, time.perf_counter() - started, asked, made)
+            proposals += made
+        return proposals
+
+    def _plan_prefill(self, prefilling: list[Candidate], busy: bool) -> list[DecodeCall]:
+        """One batch per prompt chunk. While others decode, at most `prefill_chunk` prompt
+        tokens run per step, so a long prompt cannot freeze their streams."""
+        budget = self.prefill_chunk if busy else self.info.n_batch
+        calls = []
+        for seq in prefilling:
+            if budget <= 0:
+                break
+            take = self._chunk_length(seq, budget)
+            start = seq.n_kv
+            end = start + take
+            last = len(seq.prompt_tokens) - 1
+            batch = Batch()
+            for position in range(start, end):
+                batch.add(seq.prompt_tokens[position], position, seq.seq_id, position == last)
+            calls.append(DecodeCall(batch, [Planned(seq, list(seq.prompt_tokens[start:end]))]))
+            budget -= take
+        return calls
+
+    def _chunk_length(self, seq: Candidate, budget: int) -> int:
+        """How many prompt tokens to compute now: within the budget, ending at the next
+        store point, and never leaving or making a one-token chunk (a chunk of one is
+        computed along the decode path, so its KV would differ from a cold prefill's)."""
+        remaining = seq.prompt_remaining
+        take = min(remaining, max(budget, 2))
+        points = seq.group.store_points
+        while points and points[0] - seq.n_kv < 2:
+            points.pop(0)  # too close to snapshot there without a one-token chunk
+        if points and points[0] - seq.n_kv < take:
+            take = points[0] - seq.n_kv
+        if remaining - take == 1:
+            take = take - 1 if take > 2 else take + 1
+        return min(take, remaining, self.info.n_batch)
+
+
+def _seq_id(seq: Candidate) -> int:
+    return seq.seq_id

@@ -1,0 +1,29 @@
+"""`EngineStats`: the engine's counters since start, read by metrics and benchmarks.
+
+Only the engine thread writes them, each counter in the part that does what it counts:
+the engine takes requests in (submitted), the scheduler admits and plans them (prompt,
+reused and restored tokens; active sequences, waiting requests), the runner decodes
+(steps, seconds, batch tokens, errors) and the committer turns rows into tokens (prefill
+and generated tokens, finished requests). Other threads only read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineStats:
+    requests_submitted: int = 0
+    requests_finished: int = 0
+    prompt_tokens: int = 0
+    prefill_tokens: int = 0
+    reused_tokens: int = 0
+    restored_tokens: int = 0
+    generated_tokens: int = 0
+    decode_steps: int = 0
+    decode_seconds: float = 0.0
+    batch_tokens: int = 0
+    active_sequences: int = 0
+    waiting_requests: int = 0
+    decode_errors: int = 0
