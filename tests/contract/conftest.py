@@ -22,13 +22,16 @@ from reame_core.settings import Settings
 
 @pytest.fixture
 def make_engine() -> Iterator[Callable[..., Engine]]:
-    """A started `Engine` over a fresh `FakeBackend` with the given plugins; stopped after
-    the test. Keyword arguments other than `speculate` go to `FakeBackend`."""
+    """An `Engine` over a fresh `FakeBackend` with the given plugins; stopped after the test.
+    Keyword arguments other than `speculate` and `start` go to `FakeBackend`; with
+    ``start=False`` the test drives the engine with `engine.step()`."""
     engines: list[Engine] = []
 
-    def make(plugins: PluginHost, *, speculate: str = "off", **backend: Any) -> Engine:
+    def make(
+        plugins: PluginHost, *, speculate: str = "off", start: bool = True, **backend: Any
+    ) -> Engine:
         engine = Engine(FakeBackend(**backend), plugins, speculate=speculate)  # type: ignore[arg-type]
-        engines.append(engine.start())
+        engines.append(engine.start() if start else engine)
         return engine
 
     yield make

@@ -84,10 +84,6 @@ def test_constraint_with_drafts_is_told_the_pending_tokens_of_each_row(
     assert finish.usage.draft_proposed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="siblings see a constrained row",
-)
 def test_each_candidates_constraint_sees_the_models_raw_row(
     install_plugins: InstalledPlugins, make_engine: MakeEngine
 ) -> None:

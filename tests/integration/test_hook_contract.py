@@ -4,6 +4,7 @@ The plugins are the contract suite's (tests/contract), installed through entry p
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -13,7 +14,7 @@ from reame_core.backend.llama import LlamaBackend
 from reame_core.chat import encode_chat
 from reame_core.engine.engine import Engine
 from reame_core.plugins import PluginHost
-from reame_core.request import GenerationRequest, SamplingParams
+from reame_core.request import GenerationRequest, SamplingParams, TokenEvent
 
 MakeEngine = Callable[..., Engine]
 COPY = (
@@ -64,10 +65,6 @@ def test_constraint_is_asked_once_per_position_of_each_candidate(
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="siblings see a constrained row",
-)
 def test_every_candidates_constraint_sees_the_models_own_row(
     backend: LlamaBackend, make_engine: MakeEngine, install_plugins: InstalledPlugins
 ) -> None:
@@ -130,3 +127,29 @@ def test_stop_others_ends_the_other_candidates_unfinished(
     assert [r.candidate for r in voted.candidates] == [first.candidate]
     assert voted.candidates[0].tokens == first.tokens
     assert voted.usage.completion_tokens < free.usage.completion_tokens
+
+
+def test_best_of_returns_the_likeliest_of_its_candidates_and_streams_only_it(
+    backend: LlamaBackend, make_engine: MakeEngine, install_plugins: InstalledPlugins
+) -> None:
+    prompt = chat(backend, "Give me a name for a dog.")
+    params = SamplingParams(max_tokens=16, temperature=1.0, seed=8)
+    sums = [0.0, 0.0, 0.0]
+
+    def add_up(event: TokenEvent) -> None:
+        sums[event.candidate] += sum(item.logprob for item in event.logprobs)
+
+    free = make_engine(backend, plugins=PluginHost(discover=False)).generate(
+        GenerationRequest(prompt, dataclasses.replace(params, logprobs=0), n=3), add_up
+    )
+    engine = make_engine(backend, plugins=install_plugins("best_of"))
+    events: list[TokenEvent] = []
+
+    finish = engine.generate(
+        GenerationRequest(prompt, params, extensions={"best_of": 3}), events.append
+    )
+
+    likeliest = max(range(3), key=lambda c: sums[c])
+    (result,) = finish.candidates
+    assert result.tokens == free.candidates[likeliest].tokens
+    assert events == [TokenEvent(0, result.tokens, result.text)]

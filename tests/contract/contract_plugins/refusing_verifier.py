@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from reame_core.engine.sampler import TokenSampler
 from reame_core.hookspecs import hookimpl
-from reame_core.hooktypes import DraftProposal, SequenceView, Verification
+from reame_core.hooktypes import DraftProposal, SequenceView, TargetSampler, Verification
 
 verified: list[int] = []
 
 
 @hookimpl(tryfirst=True)
 def reame_verify_drafts(
-    seq: SequenceView, draft: DraftProposal, logits: np.ndarray, sampler: TokenSampler
+    seq: SequenceView, draft: DraftProposal, logits: np.ndarray, sampler: TargetSampler
 ) -> Verification:
     verified.append(len(draft.tokens))
     return Verification(0, (sampler.sample(logits[0]),))
