@@ -24,7 +24,7 @@ COPY = (
 
 
 def chat(backend: LlamaBackend, text: str) -> list[int]:
-    return encode_chat(backend, [{"role": "user", "content": text}])
+    return encode_chat(backend.info, [{"role": "user", "content": text}])
 
 
 def test_digit_constraint_makes_the_model_answer_in_digits(
