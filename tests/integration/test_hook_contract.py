@@ -5,10 +5,14 @@ The plugins are the contract suite's (tests/contract), installed through entry p
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from collections.abc import Callable
 
+import httpx
 import pytest
 from installed_plugins import InstalledPlugins
+from served import reame_serve
 
 from reame_core.backend.llama import LlamaBackend
 from reame_core.chat import encode_chat
@@ -153,3 +157,32 @@ def test_best_of_returns_the_likeliest_of_its_candidates_and_streams_only_it(
     (result,) = finish.candidates
     assert result.tokens == free.candidates[likeliest].tokens
     assert events == [TokenEvent(0, result.tokens, result.text)]
+
+
+def test_a_reame_serve_process_discovers_installed_plugins_and_honours_them(
+    install_plugins: InstalledPlugins, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    install_plugins("refuse", "best_of")
+    inherited = os.environ.get("PYTHONPATH")
+    paths = [install_plugins.pythonpath, *([inherited] if inherited else [])]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
+    completion = {"prompt": "Name a dog:", "max_tokens": 12, "temperature": 1.0, "seed": 3}
+
+    # The Conclave claims best_of too: this test's best_of plugin stands in for it.
+    with reame_serve("--parallel", "4", "--ctx", "512", "--disable-plugin", "conclave") as url:
+        refused = httpx.post(f"{url}/v1/completions", json={**completion, "refuse": True})
+        best = httpx.post(f"{url}/v1/completions", json={**completion, "best_of": 3})
+        streamed = httpx.post(
+            f"{url}/v1/completions", json={**completion, "best_of": 3, "stream": True}
+        )
+
+    assert refused.status_code == 400
+    assert refused.json()["error"]["message"] == install_plugins.module("refuse").MESSAGE
+    (choice,) = best.json()["choices"]
+    chunks = [
+        json.loads(line.removeprefix("data: "))
+        for line in streamed.text.splitlines()
+        if line.startswith("data: {")
+    ]
+    assert {c["index"] for chunk in chunks for c in chunk["choices"]} == {0}
+    assert "".join(c["text"] for chunk in chunks for c in chunk["choices"]) == choice["text"]
