@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -47,10 +48,9 @@ def test_cancelled_candidates_are_finished_once_with_reason_cancelled(
 ) -> None:
     engine = make_engine(install_plugins("lifecycle"), step_cost_s=0.01)
     request = GenerationRequest([1, 2, 3], SamplingParams(max_tokens=1000, ignore_eos=True))
-    seen: list[object] = []
-    ticket = engine.submit(request, seen.append)
-    while not seen:  # the first token is out: the sequence has started
-        pass
+    started = threading.Event()  # set by the first token: the sequence has started
+    ticket = engine.submit(request, lambda event: started.set())
+    assert started.wait(timeout=30)
     ticket.cancel()
     engine.stop()
 
