@@ -5,8 +5,9 @@ Reame's own features are plugins that implement these hooks (see
 through the ``reame`` entry-point group. A plugin is any module or object with
 functions named like the specs below, marked with ``reame_core.hookimpl``.
 
-Threading: every hook except the planning, lifecycle and command-line ones runs on the
-engine thread, between two decode steps. Hooks must not block for long: each millisecond
+Threading: every hook except the planning, lifecycle and command-line ones and
+``reame_plan_candidates`` (on the submitting thread) runs on the engine thread, between two
+decode steps. Hooks must not block for long: each millisecond
 spent in a hook is a millisecond every running stream waits. Plugins that do I/O (a disk
 cache writing a snapshot) hand the work to their own thread.
 
