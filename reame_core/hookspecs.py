@@ -5,8 +5,9 @@ Reame's own features are plugins that implement these hooks (see
 through the ``reame`` entry-point group. A plugin is any module or object with
 functions named like the specs below, marked with ``reame_core.hookimpl``.
 
-Threading: every hook except the planning, lifecycle and command-line ones runs on the
-engine thread, between two decode steps. Hooks must not block for long: each millisecond
+Threading: every hook except the planning, lifecycle and command-line ones and
+``reame_plan_candidates`` (on the submitting thread) runs on the engine thread, between two
+decode steps. Hooks must not block for long: each millisecond
 spent in a hook is a millisecond every running stream waits. Plugins that do I/O (a disk
 cache writing a snapshot) hand the work to their own thread.
 
@@ -19,7 +20,7 @@ The groups follow a run from its plan, then a request through the engine:
     drafting    reame_propose_drafts
     verifying   reame_constrain_logits, reame_verify_drafts
     accounting  reame_drafts_verified, reame_tokens_committed
-    selection   reame_select_candidates
+    selection   reame_plan_candidates, reame_select_candidates
     reporting   reame_describe, reame_collect_stats
     command     reame_add_options, reame_add_commands
 """
@@ -36,8 +37,8 @@ if TYPE_CHECKING:
 
     import numpy as np
 
-    from reame_core.engine.sampler import TokenSampler
     from reame_core.hooktypes import (
+        CandidatePlan,
         CandidateView,
         DiskNeed,
         DraftProposal,
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
         PrefixHit,
         Selection,
         SequenceView,
+        TargetSampler,
         Verification,
     )
     from reame_core.request import GenerationRequest
@@ -105,8 +107,9 @@ def reame_sequence_started(seq: SequenceView) -> None:
 @hookspec
 def reame_generation_finished(seq: SequenceView, finish_reason: str, text: str) -> None:
     """A candidate sequence ended; its tokens are final. Called once per sequence however it
-    ends: `finish_reason` is "stop" or "length" for a complete generation (an archive may
-    keep those), "cancelled" or "error" otherwise (release what is held for `seq`)."""
+    ends, so release here what is held for ``seq.key``. `finish_reason` is "stop" or
+    "length" for a complete generation (an archive may keep those); "abandoned" (stopped by
+    candidate selection), "cancelled" and "error" end it cut short."""
 
 
 @hookspec
@@ -182,19 +185,25 @@ def reame_propose_drafts(requests: Sequence[DraftRequest]) -> Iterable[DraftProp
 def reame_constrain_logits(seq: SequenceView, pending: Sequence[int], logits: np.ndarray) -> None:
     """Restrict the next token of `seq` by editing `logits` in place (e.g. -inf outside a
     grammar). `pending` are tokens being verified that come before this position and are
-    not yet committed: constrain as if they were."""
+    not yet committed: constrain as if they were.
+
+    Called once per position the engine samples or verifies, for each candidate, always on
+    the model's own row: candidates that share one prompt's logits get a copy each, so a
+    constraint need not be idempotent."""
 
 
 @hookspec(firstresult=True)
 def reame_verify_drafts(
-    seq: SequenceView, draft: DraftProposal, logits: np.ndarray, sampler: TokenSampler
+    seq: SequenceView, draft: DraftProposal, logits: np.ndarray, sampler: TargetSampler
 ) -> Verification | None:
     """Decide how much of `draft` the target model accepts.
 
-    `logits` has ``len(draft.tokens) + 1`` rows: row i is the target's prediction after
-    the sequence plus the first i draft tokens. The result must follow the target's
-    distribution exactly (greedy: the argmax; sampling: speculative rejection sampling).
-    The built-in implementation does both; a plugin may override it with ``tryfirst``.
+    `logits` has ``len(draft.tokens) + 1`` rows, already constrained: row i is the target's
+    prediction after the sequence plus the first i draft tokens. `sampler` turns a row into
+    the candidate's distribution or token, drawing from its random stream. The result must
+    follow the target's distribution exactly (greedy: the argmax; sampling: speculative
+    rejection sampling). The built-in implementation does both; a plugin may override it
+    with ``tryfirst``.
     """
 
 
@@ -211,10 +220,25 @@ def reame_drafts_verified(
 
 @hookspec
 def reame_tokens_committed(seq: SequenceView, tokens: Sequence[int]) -> None:
-    """Tokens were appended to `seq` for good (decoded, or accepted drafts)."""
+    """Tokens were appended to `seq` for good (decoded, or accepted drafts). Joined, the
+    calls for one sequence are exactly its output; an end-of-generation token is not
+    committed."""
 
 
 # ---------------------------------------------------------------- selection
+
+
+@hookspec(firstresult=True)
+def reame_plan_candidates(request: GenerationRequest, model: ModelInfo) -> CandidatePlan | None:
+    """Plan how `request`'s candidates run, for a selecting plugin that wants other than
+    its `n` candidates each streamed as it goes: best-of-N runs N and holds them back to
+    return one; a voter asks to select after every step. Return None to leave it alone.
+
+    Called after ``reame_check_request``, on the same (submitting) thread, and possibly
+    again as the checked request is queued: answer from the request alone. A plan for
+    fewer candidates than `n` or more than the server's slots is refused (a 400).
+    Requests without a plan cost selection nothing per step. See `CandidatePlan`.
+    """
 
 
 @hookspec(firstresult=True)
@@ -223,9 +247,12 @@ def reame_select_candidates(
 ) -> Selection | None:
     """Choose which of a request's candidates to return.
 
-    Called each time a candidate finishes (`final` False: return a Selection with
-    ``stop_others`` to end the stragglers early, or None to wait) and once when all are
-    done (`final` True). The built-in default returns every candidate, in order.
+    Called for requests with several candidates. With `final` False, while some still run:
+    each time a candidate finishes, or, for a plan with ``select_each_step``, after every
+    step in which one committed tokens or finished. Return a Selection with ``stop_others``
+    to end the unfinished candidates it does not choose (they finish as "abandoned"), or
+    None to wait. With `final` True, once all are done: the chosen candidates, at most the
+    request's `n`, are returned. The built-in default returns the first `n`, in order.
     """
 
 

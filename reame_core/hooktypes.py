@@ -102,8 +102,14 @@ class ModelInfo:
 
 
 class SequenceView(Protocol):
-    """A read-only look at one decoding sequence (one candidate of one request)."""
+    """A read-only look at one decoding sequence (one candidate of one request).
 
+    `key` identifies the sequence for as long as the engine runs and is never reused: the
+    key a plugin keeps state under (a mirror, an index) until `reame_generation_finished`.
+    """
+
+    @property
+    def key(self) -> int: ...
     @property
     def request_id(self) -> str: ...
     @property
@@ -116,6 +122,34 @@ class SequenceView(Protocol):
     def params(self) -> SamplingParams: ...
     @property
     def extensions(self) -> Mapping[str, Any]: ...
+
+
+class TargetSampler(Protocol):
+    """How the target model picks one candidate's next token, as draft verification needs it.
+
+    Rows are raw logits; the sampler applies the request's adjustments (logit bias, penalties
+    as if `pending` tokens were committed, temperature and cuts). Draws use the candidate's
+    own random stream, so verification consumes it exactly as plain decoding would.
+    """
+
+    @property
+    def greedy(self) -> bool: ...
+
+    def distribution(self, logits: np.ndarray, pending: Sequence[int] = ()) -> np.ndarray:
+        """The probability of every token at this position (one-hot at the argmax if greedy)."""
+        ...
+
+    def sample(self, logits: np.ndarray, pending: Sequence[int] = ()) -> int:
+        """The token plain decoding would pick here: the argmax, or one draw."""
+        ...
+
+    def draw(self, probs: np.ndarray) -> int:
+        """One token from a distribution over the vocabulary."""
+        ...
+
+    def uniform(self) -> float:
+        """One uniform number in [0, 1)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -168,8 +202,30 @@ class PrefixHit:
 
 
 @dataclass(frozen=True)
+class CandidatePlan:
+    """How to run one request's candidates, when a selecting plugin wants other than `n`
+    candidates, each streamed as it goes (see ``reame_plan_candidates``).
+
+    `candidates` run (at least the request's `n`; candidate i samples with seed + i), and the
+    final selection returns at most `n` of them. With `select_each_step`, candidate selection
+    is asked (``final=False``) after every step in which a candidate committed tokens, not
+    only when one finishes. With `hold_back`, no token is streamed before the final
+    selection; then each chosen candidate's whole output is sent as one event, numbered by
+    its place in the selection (choice 0, 1, ...), so callers only ever see what was chosen.
+    """
+
+    candidates: int
+    select_each_step: bool = False
+    hold_back: bool = False
+
+
+@dataclass(frozen=True)
 class CandidateView:
-    """One candidate of a request with n > 1, as seen by candidate selection."""
+    """One candidate of a request with several, as seen by candidate selection.
+
+    `cumulative_logprob` sums the model's log-probabilities of the candidate's tokens; it is
+    kept for requests that ask for logprobs or have a `CandidatePlan`, and is 0.0 otherwise.
+    """
 
     candidate: int
     tokens: tuple[int, ...]
@@ -180,7 +236,8 @@ class CandidateView:
 
 @dataclass(frozen=True)
 class Selection:
-    """Which candidates to return, in order; `stop_others` ends the unfinished ones now."""
+    """Which candidates to return, in order; `stop_others` ends the unfinished candidates
+    not chosen now, with finish reason "abandoned"."""
 
     chosen: tuple[int, ...]
     stop_others: bool = False

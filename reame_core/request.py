@@ -21,7 +21,11 @@ from reame_core.errors import ContextOverflowError, RequestError
 if TYPE_CHECKING:
     from reame_core.hooktypes import ModelInfo
 
-FinishReason = Literal["stop", "length", "cancelled", "error"]
+FinishReason = Literal["stop", "length", "abandoned", "cancelled", "error"]
+"""Why a candidate ended. "stop" (end of generation or a stop string) and "length" (max_tokens
+or the context) are complete generations; "abandoned" is a candidate that candidate selection
+stopped before it finished (`Selection.stop_others`), its text cut short; "cancelled" and
+"error" end the whole request."""
 
 _request_ids = itertools.count(1)
 

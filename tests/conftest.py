@@ -1,4 +1,5 @@
-"""Fixtures shared by unit and integration tests: private model caches and a fake hub.
+"""Fixtures shared by unit and integration tests: private model caches, a fake hub, and
+the contract plugins installed through entry points.
 
 No test may read or write the user's own Hugging Face cache, reach the real hub, or depend
 on the caller's HF_* / REAME_* environment.
@@ -6,11 +7,16 @@ on the caller's HF_* / REAME_* environment.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 from fakehub import FakeHub
+from installed_plugins import CONTRACT_PLUGINS, InstalledPlugins
+
+from reame_core.plugins import ENTRY_POINT_GROUP
 
 _HUB_VARIABLES = ("HF_HOME", "HF_HUB_OFFLINE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
@@ -44,3 +50,16 @@ def fake_hub(model_caches: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fa
     monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
     yield hub
     hub.close()
+
+
+@pytest.fixture
+def install_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[InstalledPlugins]:
+    """Install contract plugins through entry points for one test (see `InstalledPlugins`)."""
+    others = [entry.name for entry in metadata.entry_points(group=ENTRY_POINT_GROUP)]
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(CONTRACT_PLUGINS))
+    monkeypatch.syspath_prepend(str(site))
+    yield InstalledPlugins(site, others)
+    for module in [m for m in sys.modules if m.startswith("contract_plugins")]:
+        del sys.modules[module]

@@ -120,7 +120,7 @@ class DraftModel:
 
     @hookimpl
     def reame_generation_finished(self, seq: SequenceView, finish_reason: str, text: str) -> None:
-        mirror = self._mirrors.pop(id(seq), None)
+        mirror = self._mirrors.pop(seq.key, None)
         if mirror is not None and self.backend is not None:
             self.backend.seq_rm(mirror.seq_id, 0)
             self._free.append(mirror.seq_id)
@@ -139,12 +139,12 @@ class DraftModel:
     # ------------------------------------------------------------- drafting
 
     def _mirror(self, seq: SequenceView) -> _Mirror | None:
-        mirror = self._mirrors.get(id(seq))
+        mirror = self._mirrors.get(seq.key)
         if mirror is None:
             if not self._free:
                 return None
             mirror = _Mirror(self._free.pop())
-            self._mirrors[id(seq)] = mirror
+            self._mirrors[seq.key] = mirror
         return mirror
 
     def _catch_up(

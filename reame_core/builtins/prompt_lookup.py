@@ -97,14 +97,14 @@ class PromptLookup:
 
     @hookimpl
     def reame_generation_finished(self, seq: SequenceView, finish_reason: str, text: str) -> None:
-        self._indexes.pop(id(seq), None)
+        self._indexes.pop(seq.key, None)
 
     def _index(self, seq: SequenceView) -> NgramIndex:
-        index = self._indexes.get(id(seq))
+        index = self._indexes.get(seq.key)
         if index is None:
             index = NgramIndex(self.settings.ngram_min, self.settings.ngram_max)
             index.extend(seq.prompt_tokens)
-            self._indexes[id(seq)] = index
+            self._indexes[seq.key] = index
         output = seq.output_tokens
         known = len(index.tokens) - len(seq.prompt_tokens)
         if known < len(output):

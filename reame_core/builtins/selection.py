@@ -1,7 +1,8 @@
 """Default candidate selection: a request with n candidates gets all n back, in order.
 
 A plugin that chooses among the candidates (best-of-N voting) overrides this with
-``tryfirst``.
+``tryfirst``; a request it planned more candidates for than n (`reame_plan_candidates`)
+gets its first n when left to this default.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ def reame_select_candidates(
 ) -> Selection | None:
     if not final:
         return None
-    return Selection(tuple(candidate.candidate for candidate in candidates))
+    return Selection(tuple(candidate.candidate for candidate in candidates[: request.n]))
 
 
 @hookimpl

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from reame_core.engine.sampler import TokenSampler
 from reame_core.hookspecs import hookimpl
-from reame_core.hooktypes import DraftProposal, SequenceView, Verification
+from reame_core.hooktypes import DraftProposal, SequenceView, TargetSampler, Verification
 
 
 @hookimpl
@@ -28,10 +27,10 @@ def reame_describe() -> str:
 
 @hookimpl
 def reame_verify_drafts(
-    seq: SequenceView, draft: DraftProposal, logits: np.ndarray, sampler: TokenSampler
+    seq: SequenceView, draft: DraftProposal, logits: np.ndarray, sampler: TargetSampler
 ) -> Verification:
     accepted: list[int] = []
-    if draft.probs is None or sampler.params.greedy:
+    if draft.probs is None or sampler.greedy:
         for i, token in enumerate(draft.tokens):
             target = sampler.sample(logits[i], accepted)
             if target != token:
@@ -39,9 +38,9 @@ def reame_verify_drafts(
             accepted.append(token)
     else:
         for i, token in enumerate(draft.tokens):
-            p = sampler.probabilities(sampler.adjust(logits[i], accepted))
+            p = sampler.distribution(logits[i], accepted)
             q = draft.probs[i]
-            if q[token] <= 0.0 or sampler.rng.random() * q[token] >= p[token]:
+            if q[token] <= 0.0 or sampler.uniform() * q[token] >= p[token]:
                 residual = np.maximum(p - q, 0.0)
                 if residual.sum() <= 0.0:
                     residual = p

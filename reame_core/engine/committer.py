@@ -7,7 +7,8 @@ token; otherwise samples the next token or has the drafts verified (hook
 `reame_constrain_logits`. Committed tokens go through the stop checks and the `TextStream`
 to a `TokenEvent` (hook `reame_tokens_committed`). It ends sequences (hooks
 `reame_select_candidates`, `reame_generation_finished`) and requests, with a `FinishEvent`
-whether they finished, failed or were cancelled.
+whether they finished, failed or were cancelled. A request whose plan holds its output back
+is streamed only then, as the chosen candidates.
 
 It keeps no state of its own: sequences hold theirs, the scheduler holds the requests in
 flight (the committer tells it when one leaves), the slots hold the KV record.
@@ -28,7 +29,7 @@ from reame_core.engine.scheduler import Planned, Scheduler
 from reame_core.engine.sequence import Candidate, Phase, RequestGroup
 from reame_core.engine.slots import KVRollbackError, KVSlots
 from reame_core.engine.stats import EngineStats
-from reame_core.hooktypes import CandidateView, DraftProposal, Verification
+from reame_core.hooktypes import CandidateView, DraftProposal, TargetSampler, Verification
 from reame_core.plugins import PluginHost
 from reame_core.request import Event, FinishEvent, FinishReason, TokenEvent, TokenLogprob
 
@@ -88,15 +89,15 @@ class Committer:
     ) -> tuple[int, TokenLogprob | None]:
         if self._constrained:
             self.hook.reame_constrain_logits(seq=seq, pending=pending, logits=row)
-        sampler = seq.sampler
-        adjusted = sampler.adjust(row, pending)
-        if sampler.params.greedy:
-            token = int(adjusted.argmax())
-        else:
-            token = sampler.draw(sampler.probabilities(adjusted))
-        top = sampler.params.logprobs
-        # Log-probabilities are the model's own (raw logits), as OpenAI and llama-server report.
-        return token, (sampler.logprob(row, token, top) if top is not None else None)
+        token = seq.sampler.sample(row, pending)
+        return token, self._logprob(seq, row, token)
+
+    def _logprob(self, seq: Candidate, row: np.ndarray, token: int) -> TokenLogprob | None:
+        """The model's own log-probability of `token` (raw logits, as OpenAI and llama-server
+        report), when the caller or candidate selection wants it."""
+        if not seq.group.keeps_logprobs:
+            return None
+        return seq.sampler.logprob(row, token, seq.params.logprobs or 0)
 
     def _prompt_ready(self, seq: Candidate, row: np.ndarray) -> None:
         group = seq.group
@@ -105,10 +106,12 @@ class Committer:
         siblings = [s for s in group.sequences if s.phase is Phase.AWAITING_CLONE]
         for sibling in siblings:
             self.slots.copy(seq.slot, sibling.slot, seq.n_kv)
+        raw = np.array(row, copy=True) if siblings and self._constrained else row
         for candidate in [seq, *siblings]:
             candidate.phase = Phase.DECODING
             self.hook.reame_sequence_started(seq=candidate)
-            own_row = row if candidate is seq else np.array(row, copy=True)
+            # A constraint edits its row in place: each candidate's must see the model's own.
+            own_row = row if candidate is seq else np.array(raw, copy=True)
             token, logprob = self._pick(candidate, own_row)
             self._commit(candidate, [token], [logprob] if logprob else [])
 
@@ -118,8 +121,9 @@ class Committer:
         if self._constrained:
             for i in range(len(rows)):
                 self.hook.reame_constrain_logits(seq=seq, pending=draft.tokens[:i], logits=rows[i])
+        sampler: TargetSampler = seq.sampler  # what plugins may use of it
         verdict: Verification | None = self.hook.reame_verify_drafts(
-            seq=seq, draft=draft, logits=rows, sampler=seq.sampler
+            seq=seq, draft=draft, logits=rows, sampler=sampler
         )
         if verdict is None:  # no verifier registered: keep nothing, sample normally
             verdict = Verification(0, (seq.sampler.sample(rows[0]),))
@@ -140,12 +144,8 @@ class Committer:
         self.hook.reame_drafts_verified(
             seq=seq, draft=draft, accepted=accepted, step_seconds=elapsed
         )
-        logprobs: list[TokenLogprob] = []
-        top = seq.params.logprobs
-        if top is not None:
-            for i, token in enumerate(verdict.tokens):
-                logprobs.append(seq.sampler.logprob(rows[i], token, top))
-        self._commit(seq, list(verdict.tokens), logprobs)
+        logprobs = [self._logprob(seq, rows[i], token) for i, token in enumerate(verdict.tokens)]
+        self._commit(seq, list(verdict.tokens), [lp for lp in logprobs if lp is not None])
 
     # ------------------------------------------------------------- committing
 
@@ -172,7 +172,10 @@ class Committer:
         kept_logprobs = tuple(logprobs[: len(committed)])
         for item in kept_logprobs:
             seq.cumulative_logprob += item.logprob
+        if params.logprobs is None:
+            kept_logprobs = ()  # summed for candidate selection only
         self.stats.generated_tokens += len(committed)
+        group = seq.group
         if committed:
             seq.next_token = committed[-1]
             if self._committing:
@@ -180,7 +183,13 @@ class Committer:
         if reason is not None:
             text += seq.text.finish()
         if committed or text:
-            self._emit(seq.group, TokenEvent(seq.candidate, tuple(committed), text, kept_logprobs))
+            event = TokenEvent(seq.candidate, tuple(committed), text, kept_logprobs)
+            if group.held_back:
+                seq.held.append(event)
+            else:
+                self._emit(group, event)
+        if group.plan is not None and group.plan.select_each_step:
+            group.selection_due = group.selection_due or bool(committed) or reason is not None
         if reason is not None:
             self._finish(seq, reason)
 
@@ -194,15 +203,31 @@ class Committer:
         self.slots.release(seq.slot, session=pin)
         group.usage.completion_tokens += len(seq.output)
         self._ended(seq)
-        if len(group.sequences) > 1 and not group.done and not group.stop_others:
-            selection = self.hook.reame_select_candidates(
-                request=group.request, candidates=self._views(group), final=False
-            )
-            if selection is not None and selection.stop_others:
-                group.stop_others = True
-                for other in group.sequences:
-                    if not other.finished:
-                        self._finish(other, "stop")
+        each_step = group.plan is not None and group.plan.select_each_step
+        if reason in ("stop", "length") and not each_step:
+            self._select_early(group)
+
+    def select_each_step(self, running: Seq[RequestGroup]) -> None:
+        """Selection after a step, for the requests whose plan asks for it (voting per
+        token); the others cost a flag test."""
+        for group in running:
+            if group.selection_due:
+                group.selection_due = False
+                self._select_early(group)
+
+    def _select_early(self, group: RequestGroup) -> None:
+        """Ask candidate selection (``final=False``) whether the unfinished candidates of a
+        request may stop now; those it did not choose end as "abandoned"."""
+        if len(group.sequences) < 2 or group.done or group.stop_others:
+            return
+        selection = self.hook.reame_select_candidates(
+            request=group.request, candidates=self._views(group), final=False
+        )
+        if selection is not None and selection.stop_others:
+            group.stop_others = True
+            for other in group.sequences:
+                if not other.finished and other.candidate not in selection.chosen:
+                    self._finish(other, "abandoned")
 
     def _ended(self, seq: Candidate) -> None:
         """Every sequence passes here once, however it ends."""
@@ -245,14 +270,21 @@ class Committer:
         now = time.perf_counter()
         if group.prefill_done:
             group.usage.predicted_ms = (now - group.prefill_done) * 1000
-        chosen: tuple[int, ...] = tuple(range(len(group.sequences)))
+        chosen: tuple[int, ...] = tuple(range(min(len(group.sequences), group.request.n)))
         if error is None and len(group.sequences) > 1:
             selection = self.hook.reame_select_candidates(
                 request=group.request, candidates=self._views(group), final=True
             )
             if selection is not None:
-                chosen = selection.chosen
-        results = tuple(group.sequences[i].result() for i in chosen)
+                chosen = selection.chosen[: group.request.n]
+        if group.held_back:
+            # Only now do callers hear of the output: the chosen candidates, as choices 0, 1...
+            results = tuple(group.sequences[c].result(i) for i, c in enumerate(chosen))
+            for choice, candidate in enumerate(chosen):
+                if group.sequences[candidate].held:
+                    self._emit(group, _joined(group.sequences[candidate].held, choice))
+        else:
+            results = tuple(group.sequences[c].result() for c in chosen)
         self.stats.requests_finished += 1
         self._emit(group, FinishEvent(results, group.usage, error))
 
@@ -274,3 +306,13 @@ class Committer:
                 error=str(error),
             )
             group.cancelled = True
+
+
+def _joined(events: Seq[TokenEvent], choice: int) -> TokenEvent:
+    """A held-back candidate's events as one, numbered `choice`."""
+    return TokenEvent(
+        choice,
+        tuple(token for event in events for token in event.tokens),
+        "".join(event.text for event in events),
+        tuple(item for event in events for item in event.logprobs),
+    )

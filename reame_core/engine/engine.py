@@ -28,6 +28,8 @@ from reame_core.engine.scheduler import Scheduler
 from reame_core.engine.sequence import RequestGroup
 from reame_core.engine.slots import KVSlots
 from reame_core.engine.stats import EngineStats
+from reame_core.errors import RequestError
+from reame_core.hooktypes import CandidatePlan
 from reame_core.plugins import PluginHost
 from reame_core.request import (
     Event,
@@ -133,17 +135,33 @@ class Engine:
         """Queue a request (any thread). Raises RequestError if it cannot be served; with
         `checked`, the caller has run `check` on it already (the server does, before it
         takes a place in its queue)."""
-        if not checked:
-            self.check(request)
-        group = RequestGroup(request, emit)
+        plan = self._plan(request) if checked else self.check(request)
+        group = RequestGroup(request, emit, plan)
         self._inbox.put(group)
         return Ticket(self, group)
 
-    def check(self, request: GenerationRequest, *, prompt_param: str = "prompt") -> None:
+    def check(
+        self, request: GenerationRequest, *, prompt_param: str = "prompt"
+    ) -> CandidatePlan | None:
         """Refuse a request this engine cannot serve (any thread): the model's limits
-        (`check_request`), then the plugins' (hook `reame_check_request`)."""
+        (`check_request`), then the plugins' (hook `reame_check_request`), then the plan a
+        selecting plugin makes for its candidates, which it returns."""
         check_request(request, self.info, prompt_param=prompt_param)
         self.hook.reame_check_request(request=request, model=self.info)
+        return self._plan(request)
+
+    def _plan(self, request: GenerationRequest) -> CandidatePlan | None:
+        """The candidates a plugin wants the request run as (hook `reame_plan_candidates`)."""
+        plan: CandidatePlan | None = self.hook.reame_plan_candidates(
+            request=request, model=self.info
+        )
+        if plan is not None and not request.n <= plan.candidates <= self.info.n_seq_max:
+            raise RequestError(
+                f"This request would run as {plan.candidates} candidates; the server runs "
+                f"{self.info.n_seq_max} sequence slots and the request asks for {request.n}.",
+                param="n",
+            )
+        return plan
 
     def generate(
         self, request: GenerationRequest, on_event: Callable[[TokenEvent], None] | None = None
@@ -246,6 +264,7 @@ class Engine:
                     committer.fail(item.seq.group, "the model could not decode this request")
             else:
                 committer.take(call.planned, *decoded)
+        committer.select_each_step(self.scheduler.running)
         committer.settle()
         runner.fit_threads()
         return True

@@ -153,7 +153,7 @@ class Governor:
         self._with_draft: dict[int, float] = {}  # seconds of this step, one sequence drafting k
         self._rates_now: dict[tuple[int, str], list[float]] = {}  # this step's, by request
         self._calls: dict[str, _Call] = {}
-        self._by_id: dict[int, EngineSequence] = {}  # this step's decoding sequences
+        self._by_key: dict[int, EngineSequence] = {}  # this step's decoding sequences
         self._order: tuple[int, list[str]] = (0, list(self.sources))  # (step, cheapest first)
 
     # ------------------------------------------------------------- asking
@@ -172,7 +172,7 @@ class Governor:
         self._with_draft = {}
         self._rates_now = {}
         self._calls = {}
-        self._by_id = {id(seq): seq for seq in decoding}
+        self._by_key = {seq.key: seq for seq in decoding}
         for seq in decoding:
             self._score_shadows(seq)
         if not decoding or self.draft_max <= 0 or not self.sources:
@@ -215,14 +215,14 @@ class Governor:
             watched = [
                 request
                 for request in requests
-                if awake or self._own(self._by_id[id(request.seq)], source).idle < IDLE_CALLS
+                if awake or self._own(self._by_key[request.seq.key], source).idle < IDLE_CALLS
             ]
             if watched:
                 self._calls[source] = _Call({}, probe=False)
             return watched
         weight = self.cost.prompt_share()
-        seqs = [self._by_id[id(request.seq)] for request in requests]
-        behind = {id(seq): self._behind(seq, self._own(seq, source)) for seq in seqs}
+        seqs = [self._by_key[request.seq.key] for request in requests]
+        behind = {seq.key: self._behind(seq, self._own(seq, source)) for seq in seqs}
         rivals = self._rival_gains(offered) if base is not None else {}
         asked: list[DraftRequest] = []
         merit = False
@@ -233,13 +233,13 @@ class Governor:
                 merit = True
                 continue
 
-            def propose(k: int, behind: int = behind[id(seq)]) -> float:
+            def propose(k: int, behind: int = behind[seq.key]) -> float:
                 return state.cost.predict(k, behind, weight)
 
             if priced:
                 rates = self._rates(seq, state, own, limit)
                 k, gain = self._best(accepted_by_length(rates), limit, propose)
-                if k > 0 and gain > max(1.0, rivals.get(id(seq), 1.0)):
+                if k > 0 and gain > max(1.0, rivals.get(seq.key, 1.0)):
                     own.backoff = 0
                     asked.append(DraftRequest(seq, k))
                     merit = True
@@ -253,7 +253,7 @@ class Governor:
             # each time.
             upper = accepted_by_length(own.acceptance.upper_rates(limit))
             best_case = self._best(upper, limit, propose if priced else None)[1]
-            if base is not None and best_case <= rivals.get(id(seq), 0.0):
+            if base is not None and best_case <= rivals.get(seq.key, 0.0):
                 continue
             if priced and best_case < 1.0:
                 own.backoff = min(2 * own.backoff, PROBE_MAX) if own.backoff else PROBE_EVERY
@@ -262,7 +262,7 @@ class Governor:
             own.probe_at = self._step + max(1, own.backoff)
             asked.append(DraftRequest(seq, min(PROBE_TOKENS, limit)))
         if asked:
-            caught_up = {id(request.seq): behind[id(request.seq)] for request in asked}
+            caught_up = {request.seq.key: behind[request.seq.key] for request in asked}
             self._calls[source] = _Call(caught_up, probe=not merit)
         return asked
 
@@ -286,11 +286,11 @@ class Governor:
             state.credit -= seconds
         drafted = max((len(p.tokens) for p in proposals), default=0)
         state.cost.observe(seconds, drafted, sum(call.caught_up.values()))
-        by_seq = {id(p.seq): p.tokens for p in proposals}
+        by_seq = {p.seq.key: p.tokens for p in proposals}
         for request in asked:
-            seq = self._by_id[id(request.seq)]
+            seq = self._by_key[request.seq.key]
             own = self._own(seq, source)
-            tokens = by_seq.get(id(seq), ())
+            tokens = by_seq.get(seq.key, ())
             own.idle = 0 if tokens else own.idle + 1
             if call.caught_up:  # a dear source: what it has read decides what it costs
                 own.seen = _length(seq)
@@ -304,16 +304,16 @@ class Governor:
         requests: Sequence[DraftRequest],
         proposals: Iterable[DraftProposal],
     ) -> dict[int, DraftProposal]:
-        """The drafts to verify this step, keyed by id(seq), each cut to its chosen
+        """The drafts to verify this step, keyed by sequence key, each cut to its chosen
         length. What is not verified is scored in shadow."""
-        limits = {id(r.seq): r.max_tokens for r in requests}
-        by_id = {id(seq): seq for seq in decoding}
+        limits = {r.seq.key: r.max_tokens for r in requests}
+        by_key = {seq.key: seq for seq in decoding}
         forced: dict[int, DraftProposal] = {}
         offers: dict[int, _Offer] = {}
         candidates: list[DraftProposal] = []
         for proposal in proposals:
-            key = id(proposal.seq)
-            seq = by_id.get(key)
+            key = proposal.seq.key
+            seq = by_key.get(key)
             limit = limits.get(key, 0)
             if seq is None or not proposal.tokens or limit <= 0:
                 continue
@@ -335,11 +335,11 @@ class Governor:
         if len(decoding) == 1 and offers:  # the one sequence's best length is the plan
             offer = next(iter(offers.values()))
             if offer.gain > 1.0:
-                plan = {id(offer.proposal.seq): _cut(offer.proposal, offer.k)}
+                plan = {offer.proposal.seq.key: _cut(offer.proposal, offer.k)}
         elif offers:
             plan = self._plan(sorted(decoding, key=_seq_id), forced, offers)
         for proposal in candidates:
-            chosen = plan.get(id(proposal.seq))
+            chosen = plan.get(proposal.seq.key)
             verified = len(chosen.tokens) if chosen and chosen.source == proposal.source else 0
             if verified < len(proposal.tokens):
                 self._shadow(proposal, verified)
@@ -382,10 +382,10 @@ class Governor:
         tokens = float(len(ordered))
         layout = []
         for seq in ordered:
-            draft = plan.get(id(seq))
+            draft = plan.get(seq.key)
             n = len(draft.tokens) if draft else 0
             layout.append((seq.seq_id, 1 + n))
-            offer = offers.get(id(seq))
+            offer = offers.get(seq.key)
             if draft is not None and offer is not None:  # forced drafts count as misses
                 tokens += offer.expected[n]
         seconds = self.cost.seconds(self._passes(layout))
@@ -431,20 +431,20 @@ class Governor:
             return gains
         for proposal in offered:
             state = self.sources.get(proposal.source)
-            seq = self._by_id.get(id(proposal.seq))
+            seq = self._by_key.get(proposal.seq.key)
             if state is None or seq is None or not proposal.tokens:
                 continue
             own = self._own(seq, state.name)
             rates = self._rates(seq, state, own, len(proposal.tokens))
             _, gain = self._best(accepted_by_length(rates), len(proposal.tokens))
-            key = id(proposal.seq)
+            key = proposal.seq.key
             gains[key] = max(gain, gains.get(key, 0.0))
         return gains
 
     def _rates(self, seq: EngineSequence, state: SourceState, own: _Own, k: int) -> list[float]:
         """This request's acceptance by position for the source, for drafts of up to `k`
         tokens: its own record, pulled towards the source's (computed once a step)."""
-        key = (id(seq), state.name)
+        key = (seq.key, state.name)
         rates = self._rates_now.get(key)
         if rates is None or len(rates) < k:
             general = state.acceptance.rates(max(k, self.draft_max))
@@ -499,7 +499,7 @@ class Governor:
         """The sequence is done: score its last shadow drafts, drop what was learned about
         it alone."""
         self._score_shadows(seq)
-        self._seqs.pop(id(seq), None)
+        self._seqs.pop(seq.key, None)
 
     def _count(self, state: SourceState, own: _Own, position: int, right: bool) -> None:
         """A shadow draft reached `position`, its token there `right` or not."""
@@ -520,9 +520,9 @@ class Governor:
             own.probe_at = min(own.probe_at, self._step)
 
     def _own(self, seq: EngineSequence, source: str) -> _Own:
-        request = self._seqs.get(id(seq))
+        request = self._seqs.get(seq.key)
         if request is None:
-            request = self._seqs[id(seq)] = _Request()
+            request = self._seqs[seq.key] = _Request()
         own = request.sources.get(source)
         if own is None:
             # A new request probes a source known to be dear once it has decoded a few
@@ -549,14 +549,14 @@ class Governor:
         return behind
 
     def _shadow(self, proposal: DraftProposal, verified: int) -> None:
-        request = self._seqs.get(id(proposal.seq))
+        request = self._seqs.get(proposal.seq.key)
         if request is None or len(request.shadows) >= SHADOWS_MAX:
             return
         start = len(proposal.seq.output_tokens)
         request.shadows.append(ShadowDraft(proposal.source, proposal.tokens, start, verified))
 
     def _score_shadows(self, seq: EngineSequence) -> None:
-        request = self._seqs.get(id(seq))
+        request = self._seqs.get(seq.key)
         if request is None or not request.shadows:
             return
         for shadow in request.shadows:

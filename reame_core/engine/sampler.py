@@ -108,7 +108,15 @@ class TokenSampler:
             probs /= probs.sum()
         return probs
 
-    # ---------------------------------------------------------------- choosing
+    # ------------------------------------------- choosing (a `TargetSampler`)
+
+    @property
+    def greedy(self) -> bool:
+        return self.params.greedy
+
+    def distribution(self, logits: np.ndarray, pending: Sequence[int] = ()) -> np.ndarray:
+        """The sampling distribution of a raw row, as if `pending` tokens were accepted."""
+        return self.probabilities(self.adjust(logits, pending))
 
     def sample(self, logits: np.ndarray, pending: Sequence[int] = ()) -> int:
         adjusted = self.adjust(logits, pending)
@@ -119,8 +127,12 @@ class TokenSampler:
     def draw(self, probs: np.ndarray) -> int:
         """One token from a distribution, with this candidate's random stream."""
         cumulative = np.cumsum(probs)
-        index = int(np.searchsorted(cumulative, self.rng.random() * cumulative[-1], "right"))
+        index = int(np.searchsorted(cumulative, self.uniform() * cumulative[-1], "right"))
         return min(index, int(probs.shape[0]) - 1)
+
+    def uniform(self) -> float:
+        """The next number of this candidate's random stream, uniform in [0, 1)."""
+        return float(self.rng.random())
 
     def accept(self, token: int) -> None:
         """Record a committed token (only committed ones: drafts never touch the history)."""

@@ -81,12 +81,25 @@ class Scheduler:
         self.waiting.append(group)
 
     def next_admissible(self) -> RequestGroup | None:
-        """The first waiting request, now running, if the free slots hold its n candidates.
-        Requests are admitted in order: a large `n` is not overtaken by smaller ones."""
-        if not self.waiting or self.slots.free_count() < self.waiting[0].request.n:
+        """The next waiting request whose candidates the free slots hold, now running.
+
+        First come, first served; but a request waiting for more slots than are free can
+        be passed by later ones that fit, at most `n_seq_max` of them. After that nothing
+        starts before it, so the running requests free its slots as they finish: a wide
+        request waits a bounded time, and small ones are not held up behind it meanwhile.
+        """
+        if not self.waiting:
             return None
-        group = self.waiting.popleft()
-        self.running.append(group)
+        head = self.waiting[0]
+        free = self.slots.free_count()
+        group = head if head.width <= free else None
+        if group is None and head.passed_by < self.info.n_seq_max:
+            group = next((g for g in self.waiting if g.width <= free), None)
+            if group is not None:
+                head.passed_by += 1
+        if group is not None:
+            self.waiting.remove(group)
+            self.running.append(group)
         return group
 
     def drop(self, group: RequestGroup) -> None:
@@ -133,7 +146,7 @@ class Scheduler:
         slot = self.slots.acquire(prefer=match.slot if match else None, session=request.session_id)
         # Sequences own their slots from here on, so a failure below releases them.
         group.sequences.append(Candidate(group, 0, slot, sampler))
-        for candidate in range(1, request.n):
+        for candidate in range(1, group.width):
             sibling = Candidate(
                 group, candidate, self.slots.acquire(), sampler.fork(seed + candidate)
             )
@@ -230,7 +243,7 @@ class Scheduler:
         batch = Batch()
         planned = []
         for seq in decoding:
-            draft = drafts.get(id(seq)) if drafts else None
+            draft = drafts.get(seq.key) if drafts else None
             tokens = [seq.next_token, *draft.tokens] if draft else [seq.next_token]
             position, seq_id = seq.n_kv, seq.seq_id
             for offset, token in enumerate(tokens):

@@ -7,6 +7,7 @@ and the token it will feed next. It does not touch the backend: the engine does.
 from __future__ import annotations
 
 import enum
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,14 +15,18 @@ from typing import Any
 from reame_core.engine.sampler import TokenSampler
 from reame_core.engine.slots import Slot
 from reame_core.engine.textstream import TextStream
+from reame_core.hooktypes import CandidatePlan
 from reame_core.request import (
     CandidateResult,
     Event,
     FinishReason,
     GenerationRequest,
     SamplingParams,
+    TokenEvent,
     Usage,
 )
+
+_keys = itertools.count()
 
 
 class Phase(enum.Enum):
@@ -42,6 +47,7 @@ class Candidate:
         sampler: TokenSampler,
     ) -> None:
         self.group = group
+        self.key = next(_keys)  # never reused, unlike id(): plugins keep state under it
         self.candidate = candidate
         self.slot = slot
         self.sampler = sampler
@@ -51,6 +57,7 @@ class Candidate:
         self.text = TextStream(group.request.params.stop)
         self.finish_reason: FinishReason | None = None
         self.cumulative_logprob = 0.0
+        self.held: list[TokenEvent] = []  # output not streamed yet (a plan's hold_back)
 
     # --------------------------------------------------------- SequenceView
 
@@ -93,9 +100,11 @@ class Candidate:
     def finished(self) -> bool:
         return self.phase is Phase.FINISHED
 
-    def result(self) -> CandidateResult:
+    def result(self, choice: int | None = None) -> CandidateResult:
+        """What is returned for this candidate, numbered `choice` if not its own number."""
+        number = self.candidate if choice is None else choice
         return CandidateResult(
-            self.candidate, self.text.text, tuple(self.output), self.finish_reason or "stop"
+            number, self.text.text, tuple(self.output), self.finish_reason or "stop"
         )
 
     def __repr__(self) -> str:
@@ -105,10 +114,17 @@ class Candidate:
 
 @dataclass
 class RequestGroup:
-    """A request in the engine: its candidates, its event sink and its accounting."""
+    """A request in the engine: its candidates, its event sink and its accounting.
+
+    `plan` is what a selecting plugin asked for (`reame_plan_candidates`), None for a
+    request that runs its own n candidates, streamed. `selection_due`: under a plan that
+    selects each step, a candidate committed tokens or finished in this step, so selection
+    is asked once the step's decodes are over.
+    """
 
     request: GenerationRequest
     emit: Callable[[Event], None]
+    plan: CandidatePlan | None = None
     sequences: list[Candidate] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
     store_points: list[int] = field(default_factory=list)
@@ -116,6 +132,22 @@ class RequestGroup:
     prefill_done: float = 0.0
     cancelled: bool = False
     stop_others: bool = False
+    selection_due: bool = False
+    passed_by: int = 0  # later requests admitted while this one waited for slots
+
+    @property
+    def width(self) -> int:
+        """How many candidates run: the plan's, or the request's n."""
+        return self.request.n if self.plan is None else self.plan.candidates
+
+    @property
+    def held_back(self) -> bool:
+        return self.plan is not None and self.plan.hold_back
+
+    @property
+    def keeps_logprobs(self) -> bool:
+        """Candidates sum their tokens' log-probabilities: for the caller or for selection."""
+        return self.request.params.logprobs is not None or self.plan is not None
 
     @property
     def done(self) -> bool:

@@ -13,6 +13,7 @@ the host, not the load on the machine running the tests. Engines are stepped by 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -486,6 +487,7 @@ class Decoding:
 
     seq_id: int = 0
     prompt_tokens: list[int] = field(default_factory=lambda: [1] * 20)
+    key: int = field(default_factory=itertools.count().__next__)
     output: list[int] = field(default_factory=list)
     params: SamplingParams = field(default_factory=lambda: SamplingParams(max_tokens=100_000))
 
@@ -539,7 +541,7 @@ def step(governor: Governor, seqs: list[Decoding], right: int = 0) -> list[Draft
     chosen = governor.choose(seqs, requests, proposals)
     layout = []
     for seq in seqs:
-        draft = chosen.get(id(seq))
+        draft = chosen.get(seq.key)
         accepted = 0
         if draft is not None:
             accepted = min(right, len(draft.tokens))
@@ -563,7 +565,7 @@ def shown_useless(governor: Governor, seq: Decoding) -> None:
     pay there, then wait for the budget to be repaid."""
     for _ in range(400):
         step(governor, [seq])
-        if governor._seqs[id(seq)].sources[SOURCE].backoff:
+        if governor._seqs[seq.key].sources[SOURCE].backoff:
             break
     else:
         raise AssertionError("the source was never shown useless")

@@ -7,6 +7,7 @@ itself: prompt lookup finds the repetition and its drafts get accepted.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,7 @@ class View:
 
     prompt_tokens: list[int]
     output_tokens: list[int] = field(default_factory=list)
+    key: int = field(default_factory=itertools.count().__next__)
 
 
 # ------------------------------------------------------------------------ the index
