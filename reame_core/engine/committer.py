@@ -212,8 +212,6 @@ class Committer:
 
     def settle(self) -> None:
         """Complete the requests whose candidates have all finished."""
-        # Counted (by the scheduler) before the callers hear of it: a reply may be read
-        # before the next step.
         for group in self.scheduler.take_done():
             self.complete(group)
 

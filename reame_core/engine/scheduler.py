@@ -103,18 +103,20 @@ class Scheduler:
         return [g for g in self.running if g.cancelled]
 
     def take_done(self) -> list[RequestGroup]:
-        """Drop the requests whose candidates have all finished, and recount."""
-        done = [g for g in self.running if g.done]
+        """Drop the requests whose candidates have all finished; count the sequences still
+        running (before their callers hear of it: a reply may be read before the next step)."""
+        done = []
+        active = 0
+        for group in self.running:
+            unfinished = sum(not seq.finished for seq in group.sequences)
+            if not unfinished:
+                done.append(group)
+            active += unfinished
         for group in done:
             self.running.remove(group)
-        self.count()
-        return done
-
-    def count(self) -> None:
-        self.stats.active_sequences = sum(
-            not seq.finished for group in self.running for seq in group.sequences
-        )
+        self.stats.active_sequences = active
         self.stats.waiting_requests = len(self.waiting)
+        return done
 
     # -------------------------------------------------------------- admission
 
