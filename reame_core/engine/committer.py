@@ -59,10 +59,9 @@ class Committer:
 
     def take(self, planned: list[Planned], logits: np.ndarray, elapsed: float) -> None:
         """Hand each planned sequence its rows of a decode that took `elapsed` seconds."""
-        row = 0
         for item in planned:
             seq = item.seq
-            if seq.finished:  # failed or cancelled by an earlier call of this step
+            if seq.finished:  # ended earlier in this step: failed, cancelled or stopped
                 continue
             self.slots.appended(seq.slot, item.tokens)
             if seq.phase is Phase.PREFILL:
@@ -70,11 +69,9 @@ class Committer:
                 if seq.prompt_remaining > 0:
                     self.scheduler.store_prefix(seq)
                     continue
-                self._prompt_ready(seq, logits[row])
-                row += 1
+                self._prompt_ready(seq, logits[item.first_row])
             else:
-                rows = logits[row : row + len(item.tokens)]
-                row += len(item.tokens)
+                rows = logits[item.first_row : item.first_row + len(item.tokens)]
                 if item.draft is None:
                     token, logprob = self._pick(seq, rows[0])
                     self._commit(seq, [token], [logprob] if logprob else [])

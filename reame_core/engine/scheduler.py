@@ -38,11 +38,13 @@ log = structlog.get_logger(__name__)
 
 @dataclass
 class Planned:
-    """One sequence's part of a decode: the tokens it feeds, and the draft among them."""
+    """One sequence's part of a decode: the tokens it feeds, the draft among them, and
+    where its logits rows start in the decode's output."""
 
     seq: Candidate
     tokens: list[int]
     draft: DraftProposal | None = None
+    first_row: int = 0
 
 
 @dataclass
@@ -234,10 +236,10 @@ class Scheduler:
         for seq in decoding:
             draft = drafts.get(id(seq)) if drafts else None
             tokens = [seq.next_token, *draft.tokens] if draft else [seq.next_token]
-            position, seq_id = seq.n_kv, seq.seq_id
+            position, seq_id, first_row = seq.n_kv, seq.seq_id, len(batch)
             for offset, token in enumerate(tokens):
-                batch.add(token, position + offset, seq_id, True)
-            planned.append(Planned(seq, tokens, draft))
+                batch.add(token, position + offset, seq_id, True)  # every token has a row
+            planned.append(Planned(seq, tokens, draft, first_row))
         return DecodeCall(batch, planned)
 
     def _propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
