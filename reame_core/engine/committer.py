@@ -1,13 +1,13 @@
 """The committer: what a decode's logits become — tokens, events, finished requests.
 
 Given a decode's rows, it records the computed tokens in each slot, then per sequence:
-at the end of a prompt copies the KV to the sibling candidates and samples each one's first
-token; otherwise samples the next token or has the drafts verified (hook
-`reame_verify_drafts`, rolling back the rejected ones) — all after the hook
-`reame_constrain_logits`. Committed tokens go through the stop checks and the `TextStream`
-to a `TokenEvent` (hook `reame_tokens_committed`). It ends sequences (hooks
-`reame_select_candidates`, `reame_generation_finished`) and requests, with a `FinishEvent`
-whether they finished, failed or were cancelled.
+at the end of a prompt copies the KV to the sibling candidates, starts each one (hook
+`reame_sequence_started`) and samples its first token; otherwise samples the next token
+or has the drafts verified (hook `reame_verify_drafts`, rolling back the rejected ones) —
+all after the hook `reame_constrain_logits`. Committed tokens go through the stop checks
+and the `TextStream` to a `TokenEvent` (hook `reame_tokens_committed`). It ends sequences
+(hooks `reame_select_candidates`, `reame_generation_finished`) and requests, with a
+`FinishEvent` whether they finished, failed or were cancelled.
 
 It keeps no state of its own: sequences hold theirs, the scheduler holds the requests in
 flight (the committer tells it when one leaves), the slots hold the KV record.
