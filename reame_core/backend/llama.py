@@ -69,6 +69,9 @@ def default_flash_attn(deterministic: bool) -> bool:
 
 # A GGUF without a trained context length is old or odd; llama.cpp itself then uses 4096.
 _UNKNOWN_TRAINED_CTX = 4096
+# Up to this many tokens, setting the llama_batch's items one by one is cheaper than
+# building arrays and copying them (decode steps, short drafts).
+_FEW = 32
 _GGML_TYPES: dict[KVType, int] = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
 
 
@@ -365,15 +368,23 @@ class LlamaBackend:
             # llama.cpp aborts the process on an oversized batch; never hand it one.
             raise DecodeError(f"batch of {n} tokens exceeds n_batch {self._info.n_batch}")
         b = self._batch
-        tokens = array("i", batch.tokens)
-        positions = array("i", batch.positions)
-        flags = array("b", batch.want_logits)
-        ctypes.memmove(b.token, tokens.buffer_info()[0], 4 * n)
-        ctypes.memmove(b.pos, positions.buffer_info()[0], 4 * n)
-        ctypes.memmove(b.logits, flags.buffer_info()[0], n)
-        seq_id = b.seq_id
-        for i, seq in enumerate(batch.seq_ids):
-            seq_id[i][0] = seq
+        if n <= _FEW:
+            token, pos, want, seq_id = b.token, b.pos, b.logits, b.seq_id
+            for i in range(n):
+                token[i] = batch.tokens[i]
+                pos[i] = batch.positions[i]
+                want[i] = batch.want_logits[i]
+                seq_id[i][0] = batch.seq_ids[i]
+        else:
+            tokens = array("i", batch.tokens)
+            positions = array("i", batch.positions)
+            flags = array("b", batch.want_logits)
+            ctypes.memmove(b.token, tokens.buffer_info()[0], 4 * n)
+            ctypes.memmove(b.pos, positions.buffer_info()[0], 4 * n)
+            ctypes.memmove(b.logits, flags.buffer_info()[0], n)
+            seq_id = b.seq_id
+            for i, seq in enumerate(batch.seq_ids):
+                seq_id[i][0] = seq
         b.n_tokens = n
         status = llama_cpp.llama_decode(self._ctx, b)
         if status != 0:

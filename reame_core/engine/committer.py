@@ -1,14 +1,14 @@
 """The committer: what a decode's logits become — tokens, events, finished requests.
 
 Given a decode's rows, it records the computed tokens in each slot, then per sequence:
-at the end of a prompt copies the KV to the sibling candidates and samples each one's first
-token; otherwise samples the next token or has the drafts verified (hook
-`reame_verify_drafts`, rolling back the rejected ones) — all after the hook
-`reame_constrain_logits`. Committed tokens go through the stop checks and the `TextStream`
-to a `TokenEvent` (hook `reame_tokens_committed`). It ends sequences (hooks
-`reame_select_candidates`, `reame_generation_finished`) and requests, with a `FinishEvent`
-whether they finished, failed or were cancelled. A request whose plan holds its output back
-is streamed only then, as the chosen candidates.
+at the end of a prompt copies the KV to the sibling candidates, starts each one (hook
+`reame_sequence_started`) and samples its first token; otherwise samples the next token
+or has the drafts verified (hook `reame_verify_drafts`, rolling back the rejected ones) —
+all after the hook `reame_constrain_logits`. Committed tokens go through the stop checks
+and the `TextStream` to a `TokenEvent` (hook `reame_tokens_committed`). It ends sequences
+(hooks `reame_select_candidates`, `reame_generation_finished`) and requests, with a
+`FinishEvent` whether they finished, failed or were cancelled. A request whose plan
+holds its output back is streamed only then, as the chosen candidates.
 
 It keeps no state of its own: sequences hold theirs, the scheduler holds the requests in
 flight (the committer tells it when one leaves), the slots hold the KV record.
@@ -60,10 +60,9 @@ class Committer:
 
     def take(self, planned: list[Planned], logits: np.ndarray, elapsed: float) -> None:
         """Hand each planned sequence its rows of a decode that took `elapsed` seconds."""
-        row = 0
         for item in planned:
             seq = item.seq
-            if seq.finished:  # failed or cancelled by an earlier call of this step
+            if seq.finished:  # ended earlier in this step: failed, cancelled or stopped
                 continue
             self.slots.appended(seq.slot, item.tokens)
             if seq.phase is Phase.PREFILL:
@@ -71,11 +70,9 @@ class Committer:
                 if seq.prompt_remaining > 0:
                     self.scheduler.store_prefix(seq)
                     continue
-                self._prompt_ready(seq, logits[row])
-                row += 1
+                self._prompt_ready(seq, logits[item.first_row])
             else:
-                rows = logits[row : row + len(item.tokens)]
-                row += len(item.tokens)
+                rows = logits[item.first_row : item.first_row + len(item.tokens)]
                 if item.draft is None:
                     token, logprob = self._pick(seq, rows[0])
                     self._commit(seq, [token], [logprob] if logprob else [])
@@ -237,8 +234,6 @@ class Committer:
 
     def settle(self) -> None:
         """Complete the requests whose candidates have all finished."""
-        # Counted (by the scheduler) before the callers hear of it: a reply may be read
-        # before the next step.
         for group in self.scheduler.take_done():
             self.complete(group)
 

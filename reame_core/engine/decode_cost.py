@@ -28,8 +28,10 @@ class DecodeCost:
         if len(passes) != 1 or passes[0] <= 0 or seconds <= 0:
             return
         size = _bucket(passes[0])
-        known = size in self._recent
-        recent = self._recent.setdefault(size, deque(maxlen=self.window))
+        recent = self._recent.get(size)
+        known = recent is not None
+        if recent is None:
+            recent = self._recent[size] = deque(maxlen=self.window)
         recent.append(seconds)
         self._seconds[size] = median(recent)
         if not known:  # listed last: a reader on another thread (/metrics) finds its price

@@ -238,6 +238,8 @@ class Engine:
         self._reap_cancelled()
 
     def _take_inbox(self, block: bool) -> None:
+        if not block and self._inbox.empty():  # most steps: cheaper than a raised Empty
+            return
         try:
             item = self._inbox.get(block=block)
             while True:

@@ -177,17 +177,20 @@ class Governor:
             self._score_shadows(seq)
         if not decoding or self.draft_max <= 0 or not self.sources:
             return []
-        plain = self._passes([(i, 1) for i in range(self._decoding)])
-        covered = all(self.cost.covers(n) for n in plain)
-        self._base = self.cost.seconds(plain) if covered else None
         per_sequence = min(self.draft_max, room // len(decoding) - 1)
         requests = []
         for seq in decoding:
+            if self.mode_of(seq) == "off":
+                continue
             context_left = n_ctx_seq - seq.n_kv - 2
             output_left = seq.params.max_tokens - len(seq.output) - 1
             limit = min(per_sequence, context_left, output_left)
-            if self.mode_of(seq) != "off" and limit > 0:
+            if limit > 0:
                 requests.append(DraftRequest(seq, limit))
+        if requests:  # the plain step's price, for this step's asking and choosing only
+            plain = self._passes([(i, 1) for i in range(self._decoding)])
+            covered = all(self.cost.covers(n) for n in plain)
+            self._base = self.cost.seconds(plain) if covered else None
         return requests
 
     def ordered(self) -> list[str]:

@@ -38,11 +38,13 @@ log = structlog.get_logger(__name__)
 
 @dataclass
 class Planned:
-    """One sequence's part of a decode: the tokens it feeds, and the draft among them."""
+    """One sequence's part of a decode: the tokens it feeds, the draft among them, and
+    where its logits rows start in the decode's output."""
 
     seq: Candidate
     tokens: list[int]
     draft: DraftProposal | None = None
+    first_row: int = 0
 
 
 @dataclass
@@ -116,18 +118,20 @@ class Scheduler:
         return [g for g in self.running if g.cancelled]
 
     def take_done(self) -> list[RequestGroup]:
-        """Drop the requests whose candidates have all finished, and recount."""
-        done = [g for g in self.running if g.done]
+        """Drop the requests whose candidates have all finished; count the sequences still
+        running (before their callers hear of it: a reply may be read before the next step)."""
+        done = []
+        active = 0
+        for group in self.running:
+            unfinished = sum(not seq.finished for seq in group.sequences)
+            if not unfinished:
+                done.append(group)
+            active += unfinished
         for group in done:
             self.running.remove(group)
-        self.count()
-        return done
-
-    def count(self) -> None:
-        self.stats.active_sequences = sum(
-            not seq.finished for group in self.running for seq in group.sequences
-        )
+        self.stats.active_sequences = active
         self.stats.waiting_requests = len(self.waiting)
+        return done
 
     # -------------------------------------------------------------- admission
 
@@ -245,10 +249,10 @@ class Scheduler:
         for seq in decoding:
             draft = drafts.get(seq.key) if drafts else None
             tokens = [seq.next_token, *draft.tokens] if draft else [seq.next_token]
-            position, seq_id = seq.n_kv, seq.seq_id
+            position, seq_id, first_row = seq.n_kv, seq.seq_id, len(batch)
             for offset, token in enumerate(tokens):
-                batch.add(token, position + offset, seq_id, True)
-            planned.append(Planned(seq, tokens, draft))
+                batch.add(token, position + offset, seq_id, True)  # every token has a row
+            planned.append(Planned(seq, tokens, draft, first_row))
         return DecodeCall(batch, planned)
 
     def _propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:

@@ -15,7 +15,7 @@ from reame_core.backend.fake import EOS, FakeBackend
 from reame_core.engine.engine import Engine
 from reame_core.errors import ContextOverflowError, RequestError
 from reame_core.hookspecs import hookimpl
-from reame_core.hooktypes import ModelInfo, PrefixHit
+from reame_core.hooktypes import CandidateView, ModelInfo, PrefixHit, Selection
 from reame_core.plugins import PluginHost
 from reame_core.request import (
     Event,
@@ -629,6 +629,37 @@ def test_candidate_i_samples_like_a_single_request_seeded_with_seed_plus_i(
     third = engine.generate(request(prompt, seed=102, **params))
 
     assert together.candidates[2].tokens == third.candidates[0].tokens
+
+
+class StopTheOthers:
+    """Ends a request's other candidates as soon as one finishes."""
+
+    @hookimpl
+    def reame_select_candidates(
+        self, request: GenerationRequest, candidates: Sequence[CandidateView], final: bool
+    ) -> Selection | None:
+        return None if final else Selection((0,), stop_others=True)
+
+
+def test_candidates_stopped_mid_step_leave_the_next_sequences_their_own_logits(
+    make_engine: MakeEngine, tokenize: Tokenize, greedy_reference: Reference
+) -> None:
+    host = PluginHost(discover=False)
+    host.register(StopTheOthers(), "stop-the-others")
+    engine = make_engine(plugins=host, n_seq_max=4, speculate="off", start=False)
+    stopped = tokenize("Two answers, one ends the other")
+    other = tokenize("A bystander in the same batch")
+    results: dict[str, FinishEvent] = {}
+    requests = [request(stopped, n=2, max_tokens=5), request(other, max_tokens=12)]
+    for item in requests:
+        engine.submit(item, lambda e, rid=item.request_id: results.update({rid: e}))
+    while engine.step():
+        pass
+
+    # Candidate 0 finishes first in the decode batch and stops candidate 1, which comes
+    # before the bystander: the bystander must still read its own row.
+    bystander = results[requests[1].request_id].candidates[0].tokens
+    assert list(bystander) == greedy_reference(fake(engine), other, 12)
 
 
 # ------------------------------------------------------------------ async stream
