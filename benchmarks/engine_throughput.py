@@ -139,6 +139,10 @@ def main() -> None:
             "raw_tok_s": round(total / statistics.median(seconds["raw"]), 1),
             "engine_tok_s": round(total / statistics.median(seconds["engine"]), 1),
             "engine_vs_raw": round(median_ratio(seconds["raw"], seconds["engine"]), 3),
+            "engine_vs_raw_by_rep": [
+                round(raw / engine, 3)
+                for raw, engine in zip(seconds["raw"], seconds["engine"], strict=True)
+            ],
         }
         if "serial" in seconds:
             row["serial_tok_s"] = round(total / statistics.median(seconds["serial"]), 1)

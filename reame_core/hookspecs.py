@@ -5,11 +5,18 @@ Reame's own features are plugins that implement these hooks (see
 through the ``reame`` entry-point group. A plugin is any module or object with
 functions named like the specs below, marked with ``reame_core.hookimpl``.
 
-Threading: every hook except the planning, lifecycle and command-line ones and
-``reame_plan_candidates`` (on the submitting thread) runs on the engine thread, between two
-decode steps. Hooks must not block for long: each millisecond
-spent in a hook is a millisecond every running stream waits. Plugins that do I/O (a disk
-cache writing a snapshot) hand the work to their own thread.
+Threading:
+
+- the submitting thread (an HTTP worker thread or the event loop, several at once; the
+  CLI's thread): ``reame_request_extensions``, ``reame_check_request`` and
+  ``reame_plan_candidates``, before the engine sees the request: answer from their
+  arguments alone;
+- the thread that starts or stops Reame: ``reame_disk_need``, ``reame_configure``,
+  ``reame_shutdown``, ``reame_describe`` and the command-line hooks;
+- whoever reads metrics (the HTTP event loop): ``reame_collect_stats``;
+- the engine thread, between two decode steps: every other hook. These must not block for
+  long: each millisecond spent in one is a millisecond every running stream waits. Plugins
+  that do I/O (a disk cache writing a snapshot) hand the work to their own thread.
 
 The groups follow a run from its plan, then a request through the engine:
 

@@ -30,7 +30,6 @@ DOWN_AT = 0.4
 UP_AT = 0.25
 INTERVAL = 0.5  # seconds between measurements
 QUIET_WINDOWS = 2  # measurements in a row below UP_AT before a thread is added back
-STALE = 2.0  # seconds: a measurement that would span a longer idle time starts anew
 
 
 @dataclass(frozen=True)
@@ -67,12 +66,31 @@ def read_cpu_times(stat: Path = Path("/proc/stat")) -> CpuTimes | None:
 def neighbour_cores(before: CpuTimes, after: CpuTimes) -> float:
     """Cores' worth of CPU that others (processes, steal) took from this process's cores
     between two readings."""
-    others = (after.busy - before.busy) - (after.own - before.own)
-    return max(0.0, others) / (after.wall - before.wall)
+    return _others(_since(before, after))
+
+
+def _since(before: CpuTimes, after: CpuTimes) -> CpuTimes:
+    return CpuTimes(after.wall - before.wall, after.busy - before.busy, after.own - before.own)
+
+
+def _plus(a: CpuTimes, b: CpuTimes) -> CpuTimes:
+    return CpuTimes(a.wall + b.wall, a.busy + b.busy, a.own + b.own)
+
+
+def _others(span: CpuTimes) -> float:
+    return max(0.0, span.busy - span.own) / span.wall if span.wall > 0 else 0.0
+
+
+_NOTHING = CpuTimes(0.0, 0.0, 0.0)
 
 
 class CpuShare:
-    """The thread count that fits the cores neighbours leave free, with hysteresis."""
+    """The thread count that fits the cores neighbours leave free, with hysteresis.
+
+    Only the time the engine works is measured: a neighbour busy while the engine idles
+    (a client post-processing each answer, another server taking its turn) takes no core
+    from decoding. Stretches of work separated by idle moments add up to one measurement, so
+    a stream of requests each shorter than an interval is measured all the same."""
 
     def __init__(
         self,
@@ -91,22 +109,28 @@ class CpuShare:
         self._clock = clock
         self._interval = interval
         self._quiet = 0
-        self._last = read() if max_threads > 1 else None
+        # Where the current stretch of work began (None while idle), and the work measured
+        # in earlier stretches since the last decision.
+        self._start = read() if max_threads > 1 else None
+        self._active = self._start is not None
+        self._banked = _NOTHING
 
     @property
     def active(self) -> bool:
-        return self._last is not None
+        return self._active
 
     def update(self) -> int | None:
-        """Measure if an interval has passed; the new thread count if it changed, else None."""
-        # Called every step: look at the clock first, read /proc/stat once an interval.
-        if self._last is None or self._clock() - self._last.wall < self._interval:
+        """Measure if an interval of work has passed; the new thread count if it changed,
+        else None. Called after every step: it looks at the clock first."""
+        start = self._start
+        if start is None or self._clock() - start.wall + self._banked.wall < self._interval:
             return None
         now = self._read()
         if now is None:
             return None
-        last, self._last = self._last, now
-        self.others = neighbour_cores(last, now)
+        span = _plus(self._banked, _since(start, now))
+        self._start, self._banked = now, _NOTHING
+        self.others = _others(span)
         wanted = self._wanted()
         if wanted == self.threads:
             return None
@@ -114,14 +138,17 @@ class CpuShare:
         self.changes += 1
         return wanted
 
+    def pause(self) -> None:
+        """The engine ran out of work: keep what this stretch measured, and measure nothing
+        until it works again."""
+        if self._start is not None and (now := self._read()) is not None:
+            self._banked = _plus(self._banked, _since(self._start, now))
+            self._start = None
+
     def resume(self) -> None:
-        """The engine wakes up after having nothing to do. After a long idle time, measure
-        from now on: what the neighbours did meanwhile says little about the work ahead.
-        Short pauses between requests stay in the measurement, or a stream of requests each
-        shorter than an interval would never be measured. (A long interval of work is kept
-        whatever its length: a step that collapsed beside a neighbour may take seconds.)"""
-        if self._last is not None and self._clock() - self._last.wall > STALE:
-            self._last = self._read() or self._last
+        """The engine has work again: a new stretch of measured time begins."""
+        if self._active and self._start is None:
+            self._start = self._read()
 
     def _wanted(self) -> int:
         down = self._fit(DOWN_AT)

@@ -222,6 +222,7 @@ class Engine:
     def _run(self) -> None:
         while not self._stopping:
             if not self.busy:
+                self.runner.idle()
                 self._take_inbox(block=True)
                 self.runner.resumed()
             if self._stopping:

@@ -98,8 +98,13 @@ class ModelRunner:
             tokens = tokens[take:]
         return True
 
+    def idle(self) -> None:
+        """The engine has nothing to do: neighbours' use of the cores stops counting."""
+        if self.cpu_share is not None:
+            self.cpu_share.pause()
+
     def resumed(self) -> None:
-        """The engine wakes up after having had nothing to do (see `CpuShare.resume`)."""
+        """The engine has work again (see `CpuShare`)."""
         if self.cpu_share is not None:
             self.cpu_share.resume()
 

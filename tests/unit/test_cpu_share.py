@@ -113,23 +113,40 @@ def test_nothing_is_measured_before_an_interval_has_passed() -> None:
     assert share.threads == 2
 
 
-def test_an_idle_gap_is_not_taken_for_the_present() -> None:
+def test_a_neighbour_busy_only_while_the_engine_idles_takes_no_thread() -> None:
     host = Host()
     share = share_on(host)
+    for _ in range(6):  # requests of 0.3 s on a quiet host, a neighbour busy in between
+        host.run(0.3, own=2, others=0.0)
+        share.update()
+        share.pause()
+        host.run(1.0, own=0.0, others=2.0)
+        share.resume()
+    assert share.threads == 2
+    assert share.others == pytest.approx(0.0)
+
+
+def test_a_long_idle_time_is_not_taken_for_the_present() -> None:
+    host = Host()
+    share = share_on(host)
+    share.pause()
     host.run(30.0, own=0.0, others=1.0)  # the engine slept while a neighbour ran
     share.resume()
     assert settle(share, host, others=0.0) == 2
 
 
-def test_short_pauses_between_requests_stay_in_the_measurement() -> None:
+def test_short_requests_add_up_to_a_measurement() -> None:
     host = Host()
     share = share_on(host)
-    for _ in range(4):  # requests of 0.3 s, each followed by an idle moment
-        host.run(0.3, own=2, others=1.0)
-        share.update()
+    changes = []
+    for _ in range(4):  # requests of 0.2 s beside a neighbour, each followed by a pause
+        host.run(0.2, own=2, others=1.0)
+        changes.append(share.update())
+        share.pause()
         host.run(0.05, own=0, others=1.0)
         share.resume()
-    assert share.threads == 1
+    assert changes == [None, None, 1, None]  # at 0.6 s of work, past the interval
+    assert share.others == pytest.approx(1.0)
 
 
 def test_one_long_collapsed_step_still_counts() -> None:
