@@ -99,14 +99,22 @@ class ModelRunner:
         return True
 
     def idle(self) -> None:
-        """The engine has nothing to do: neighbours' use of the cores stops counting."""
+        """The engine has nothing to do: neighbours' use of the cores stops counting.
+        Called outside the step's error handling, so it never raises: a failed
+        measurement costs a measurement, not the engine thread."""
         if self.cpu_share is not None:
-            self.cpu_share.pause()
+            try:
+                self.cpu_share.pause()
+            except Exception:
+                log.exception("could not pause the CPU share measurement")
 
     def resumed(self) -> None:
-        """The engine has work again (see `CpuShare`)."""
+        """The engine has work again (see `CpuShare`); never raises, as `idle`."""
         if self.cpu_share is not None:
-            self.cpu_share.resume()
+            try:
+                self.cpu_share.resume()
+            except Exception:
+                log.exception("could not resume the CPU share measurement")
 
     def fit_threads(self) -> None:
         """Decode with as many threads as the cores neighbours leave free (`CpuShare`)."""

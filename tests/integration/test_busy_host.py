@@ -34,6 +34,9 @@ class Alternating:
         self.threads = 2
         self.changes = 0
 
+    def pause(self) -> None:
+        pass
+
     def resume(self) -> None:
         pass
 
