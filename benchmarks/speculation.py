@@ -216,6 +216,9 @@ def main() -> None:
         "--workloads", nargs="*", default=list(WORKLOADS), choices=WORKLOADS, metavar="NAME"
     )
     parser.add_argument("--llama-server", help="llama.cpp's llama-server binary, to compare")
+    parser.add_argument(
+        "--name", default="speculation_cold_start", help="results file name (no extension)"
+    )
     parser.add_argument("--child", nargs="*")
     args = parser.parse_args()
     if args.child is not None:
@@ -307,7 +310,7 @@ def main() -> None:
         draft_model=args.draft_model or "the model itself",
         command=" ".join(["python", "benchmarks/speculation.py", *sys.argv[1:]]),
     )
-    path = write_report("speculation_cold_start", report)
+    path = write_report(args.name, report)
     print(f"\nwritten to {path}")
 
 
