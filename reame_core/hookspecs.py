@@ -241,8 +241,8 @@ def reame_plan_candidates(request: GenerationRequest, model: ModelInfo) -> Candi
     its `n` candidates each streamed as it goes: best-of-N runs N and holds them back to
     return one; a voter asks to select after every step. Return None to leave it alone.
 
-    Called after ``reame_check_request``, on the same (submitting) thread, and possibly
-    again as the checked request is queued: answer from the request alone. A plan for
+    Called once per request, after ``reame_check_request``, on the same (submitting)
+    thread: answer from the request alone. A plan for
     fewer candidates than `n` or more than the server's slots is refused (a 400).
     Requests without a plan cost selection nothing per step. See `CandidatePlan`.
     """

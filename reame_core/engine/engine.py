@@ -130,12 +130,18 @@ class Engine:
         self.hook.reame_shutdown()
 
     def submit(
-        self, request: GenerationRequest, emit: Callable[[Event], None], *, checked: bool = False
+        self,
+        request: GenerationRequest,
+        emit: Callable[[Event], None],
+        *,
+        checked: bool = False,
+        plan: CandidatePlan | None = None,
     ) -> Ticket:
         """Queue a request (any thread). Raises RequestError if it cannot be served; with
-        `checked`, the caller has run `check` on it already (the server does, before it
-        takes a place in its queue)."""
-        plan = self._plan(request) if checked else self.check(request)
+        `checked`, the caller has run `check` on it already and passes the `plan` that
+        returned (the server does, before the request takes a place in its queue)."""
+        if not checked:
+            plan = self.check(request)
         group = RequestGroup(request, emit, plan)
         self._inbox.put(group)
         return Ticket(self, group)

@@ -28,7 +28,7 @@ import anyio.to_thread
 from reame_core.chat import encode_chat
 from reame_core.engine.engine import Ticket
 from reame_core.errors import RequestError
-from reame_core.hooktypes import ModelInfo
+from reame_core.hooktypes import CandidatePlan, ModelInfo
 from reame_core.request import Event, FinishEvent, GenerationRequest, context_room
 from reame_core.runtime import Runtime
 from reame_core.server.errors import APIError
@@ -114,17 +114,23 @@ def build_call(runtime: Runtime, kind: Kind, data: Any, session: str | None) -> 
     else:
         prompts, prompt_param = completion_prompts(model, body), "prompt"
         logprobs = body.logprobs
-    requests = []
+    requests, plans = [], []
     for prompt in prompts:
         asked = body.requested_max_tokens
         max_tokens = context_room(len(prompt), model) if asked is None else asked
         params = body.sampling(max_tokens, logprobs)
         request = GenerationRequest(prompt, params, body.n, extensions, session or body.session_id)
-        runtime.engine.check(request, prompt_param=prompt_param)
+        plans.append(runtime.engine.check(request, prompt_param=prompt_param))
         requests.append(request)
     sent = data.get("messages" if kind == "chat" else "prompt")
     return APICall(
-        runtime, kind, requests, stream=body.stream, include_usage=body.include_usage, prompt=sent
+        runtime,
+        kind,
+        requests,
+        plans,
+        stream=body.stream,
+        include_usage=body.include_usage,
+        prompt=sent,
     )
 
 
@@ -201,6 +207,7 @@ class APICall:
         runtime: Runtime,
         kind: Kind,
         requests: list[GenerationRequest],
+        plans: list[CandidatePlan | None],
         *,
         stream: bool,
         include_usage: bool = False,
@@ -210,6 +217,7 @@ class APICall:
         self.model = runtime.backend.info
         self.kind = kind
         self.requests = requests
+        self.plans = plans  # what `Engine.check` returned for each request
         self.n = requests[0].n
         self.stream = stream
         self.include_usage = include_usage
@@ -240,8 +248,9 @@ class APICall:
         self._on_tokens = on_tokens
         self._loop = asyncio.get_running_loop()
         engine = self.runtime.engine
-        for index, request in enumerate(self.requests):
-            self._tickets.append(engine.submit(request, partial(self._emit, index), checked=True))
+        for index, (request, plan) in enumerate(zip(self.requests, self.plans, strict=True)):
+            emit = partial(self._emit, index)
+            self._tickets.append(engine.submit(request, emit, checked=True, plan=plan))
 
     def _emit(self, index: int, event: Event) -> None:  # engine thread
         finished = isinstance(event, FinishEvent)
