@@ -134,15 +134,13 @@ def main() -> None:
             for mode in modes:
                 seconds[mode].append(measure(__file__, mode, str(streams), *common)["seconds"])
         total = streams * args.tokens
+        ratios = [r / e for r, e in zip(seconds["raw"], seconds["engine"], strict=True)]
         row = {
             "streams": streams,
             "raw_tok_s": round(total / statistics.median(seconds["raw"]), 1),
             "engine_tok_s": round(total / statistics.median(seconds["engine"]), 1),
-            "engine_vs_raw": round(median_ratio(seconds["raw"], seconds["engine"]), 3),
-            "engine_vs_raw_by_rep": [
-                round(raw / engine, 3)
-                for raw, engine in zip(seconds["raw"], seconds["engine"], strict=True)
-            ],
+            "engine_vs_raw": round(statistics.median(ratios), 3),
+            "engine_vs_raw_by_rep": [round(ratio, 3) for ratio in ratios],
         }
         if "serial" in seconds:
             row["serial_tok_s"] = round(total / statistics.median(seconds["serial"]), 1)

@@ -103,19 +103,19 @@ def child(
         )
         runtime = start_runtime(settings, plugins=PluginHost(discover=False))
         engine, backend = runtime.engine, runtime.backend
-        tokens, decode_ms, outputs = 0, 0.0, []
-        proposed: dict[str, int] = {}
-        accepted: dict[str, int] = {}
-        for text in texts:
-            prompt = encode_chat(backend.info, [{"role": "user", "content": text}])
-            result = engine.generate(GenerationRequest(prompt, params))
-            tokens += result.usage.completion_tokens
-            decode_ms += result.usage.predicted_ms
-            for source, n in result.usage.draft_proposed.items():
-                proposed[source] = proposed.get(source, 0) + n
-            for source, n in result.usage.draft_accepted.items():
-                accepted[source] = accepted.get(source, 0) + n
-            outputs.append(list(result.candidates[0].tokens))
+        results = [
+            engine.generate(
+                GenerationRequest(
+                    encode_chat(backend.info, [{"role": "user", "content": text}]), params
+                )
+            )
+            for text in texts
+        ]
+        tokens = sum(result.usage.completion_tokens for result in results)
+        decode_ms = sum(result.usage.predicted_ms for result in results)
+        proposed = summed([result.usage.draft_proposed for result in results])
+        accepted = summed([result.usage.draft_accepted for result in results])
+        outputs = [list(result.candidates[0].tokens) for result in results]
         governor = engine.governor.report()
         runtime.close()
     return {
