@@ -76,10 +76,7 @@ class Constraint:
             self._fail(matcher.get_error())
             bitmask.keep_only(logits, self.eog)
             return
-        allowed = bitmask.allowed_tokens(self._bitmask, self.n_vocab)
-        if allowed[self.eos]:
-            allowed[self.eog] = True
-        bitmask.apply(logits, allowed)
+        bitmask.apply(logits, self._bitmask, self.eos, self.eog)
 
     def _follow(self, pending: Sequence[int]) -> bool:
         """Bring the matcher to the committed tokens plus `pending`; False if the grammar

@@ -17,6 +17,7 @@ The `Suggeritore` instance owns the tokenizer, the cache and every sequence's co
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Mapping, Sequence
 
@@ -29,6 +30,7 @@ from reame_core.hookspecs import hookimpl
 from reame_core.hooktypes import DraftProposal, DraftRequest, ModelInfo, SequenceView
 from reame_core.request import GenerationRequest
 from reame_core.settings import Settings
+from reame_suggeritore import cli
 from reame_suggeritore.constraint import Constraint
 from reame_suggeritore.grammars import GrammarCache
 from reame_suggeritore.request_grammar import FIELDS, Grammar, requested_grammar
@@ -60,6 +62,12 @@ class Suggeritore:
         self._grammars: GrammarCache | None = None
         self._constraints: dict[int, Constraint] = {}
         self.tokenizer_seconds = 0.0
+
+    # ------------------------------------------------------------ command line
+
+    @hookimpl
+    def reame_add_request_options(self, parser: argparse.ArgumentParser) -> None:
+        cli.add_request_options(parser)
 
     # ---------------------------------------------------------------- lifecycle
 

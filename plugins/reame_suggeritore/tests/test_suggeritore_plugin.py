@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import io
 import json
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -10,6 +13,8 @@ from litestar.testing import TestClient
 from pydantic import ValidationError
 
 from reame_core.backend.fake import FakeBackend
+from reame_core.cli import main as cli_main
+from reame_core.cli import run as cli_run
 from reame_core.plugins import PluginHost
 from reame_core.runtime import start_runtime
 from reame_core.server.app import create_app
@@ -136,3 +141,76 @@ def test_a_plain_text_response_format_passes(client: TestClient[Any]) -> None:
     )
 
     assert response.status_code == 200
+
+
+# -------------------------------------------------------------- command line
+
+
+def follows_schema(output: str) -> bool:
+    jsonschema.validate(json.loads(output), SCHEMA)
+    return True
+
+
+def is_a_colour(output: str) -> bool:
+    return output in ("colour: red", "colour: blue")
+
+
+def is_a_code(output: str) -> bool:
+    return re.fullmatch("[a-c]{3}-[0-9]{2}", output) is not None
+
+
+@pytest.mark.parametrize(
+    ("flag", "content", "valid"),
+    [
+        ("--json-schema", json.dumps(SCHEMA), follows_schema),
+        ("--grammar", 'root ::= "colour: " ("red" | "blue")', is_a_colour),
+        ("--regex", None, is_a_code),
+    ],
+)
+def test_reame_run_answers_with_the_structure_its_flag_names(
+    flag: str,
+    content: str | None,
+    valid: Callable[[str], bool],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    host = PluginHost(discover=False)
+    host.register(suggeritore_plugin.Suggeritore(), "suggeritore")
+    monkeypatch.setattr(cli_main, "PluginHost", lambda: host)
+    monkeypatch.setattr(
+        cli_run,
+        "start_runtime",
+        lambda settings: start_runtime(settings, backend=FakeBackend(), plugins=host),
+    )
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    value = "[a-c]{3}-[0-9]{2}"
+    if content is not None:
+        value = str(tmp_path / "structure")
+        Path(value).write_text(content)
+
+    status = cli_main.main(["run", flag, value, "--max-tokens", "120", "Answer."])
+
+    assert status == 0
+    assert valid(capsys.readouterr().out.strip())
+
+
+def test_reame_run_refuses_a_bad_schema_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = PluginHost(discover=False)
+    host.register(suggeritore_plugin.Suggeritore(), "suggeritore")
+    monkeypatch.setattr(cli_main, "PluginHost", lambda: host)
+    monkeypatch.setattr(
+        cli_run,
+        "start_runtime",
+        lambda settings: start_runtime(settings, backend=FakeBackend(), plugins=host),
+    )
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "nosuch"}')
+
+    status = cli_main.main(["run", "--json-schema", str(schema), "Answer."])
+
+    assert status == 1
+    assert "'json_schema'" in capsys.readouterr().err
