@@ -21,7 +21,11 @@ Palimpsest is disabled on the Reame server: the reps repeat the same requests, a
 archive would draft them from the previous rep's answers, which no first request gets.
 
     .venv/bin/python benchmarks/structured_output.py [--model qwen2.5-coder-1.5b] [--reps 3] \
-        [--llama-server PATH] [--only reame,reame-off,llama-server]
+        [--llama-server PATH] [--only reame,reame-off,llama-server] [--name NAME]
+    .venv/bin/python benchmarks/structured_output.py --merge RESULTS.json ... --name NAME
+
+A slow model can be measured one rep per run (short quiet windows on a shared host) and the
+runs merged: each run alternates the configurations within itself, so its reps stay paired.
 """
 
 from __future__ import annotations
@@ -182,23 +186,10 @@ def _summed(counts: list[dict[str, int]]) -> dict[str, int]:
     return total
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", help="model alias or .gguf path (default: embedded)")
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--max-tokens", type=int, default=400)
-    parser.add_argument("--llama-server", help="llama.cpp's llama-server binary, to compare")
-    parser.add_argument(
-        "--only", default=",".join(CONFIGURATIONS), help="configurations to run, comma-separated"
-    )
-    parser.add_argument("--name", help="results file name (default: from the model)")
-    args = parser.parse_args()
-
+def measure_reps(args: argparse.Namespace, model: str) -> dict[str, Any]:
+    """The host's ceiling, then `args.reps` reps of every chosen configuration in turn."""
     from reame_core.models import resolve_model
-    from reame_core.settings import Settings
 
-    model = args.model or Settings().model
     model_path = resolve_model(model).path
     chosen = [name for name in CONFIGURATIONS if name in args.only.split(",")]
     if "llama-server" in chosen and not args.llama_server:
@@ -226,7 +217,53 @@ def main() -> None:
                 samples[name].append(sample)
                 shown = {k: v for k, v in sample.items() if k != "answers"}
                 print(json.dumps({"rep": rep, "configuration": name, **shown}), flush=True)
+    return {
+        "model_file": model_path.name,
+        "threads": args.threads,
+        "max_tokens": args.max_tokens,
+        "ceilings": [host],
+        "samples": samples,
+    }
 
+
+def merged(paths: list[str]) -> dict[str, Any]:
+    """The reps of earlier runs of the same workload and model, as one measurement: each run
+    alternated its configurations within itself, so its reps pair up as they were taken."""
+    runs = [json.loads(Path(path).read_text()) for path in paths]
+    samples: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        for name, reps in run["samples"].items():
+            samples.setdefault(name, []).extend(reps)
+    return {
+        **{key: runs[0][key] for key in ("model_file", "threads", "max_tokens")},
+        "ceilings": [ceiling for run in runs for ceiling in run["ceilings"]],
+        "samples": samples,
+        "merged_from": [Path(path).name for path in paths],
+        "commands": [run["command"] for run in runs],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", help="model alias or .gguf path (default: embedded)")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=400)
+    parser.add_argument("--llama-server", help="llama.cpp's llama-server binary, to compare")
+    parser.add_argument(
+        "--only", default=",".join(CONFIGURATIONS), help="configurations to run, comma-separated"
+    )
+    parser.add_argument(
+        "--merge", nargs="+", metavar="RESULTS", help="combine the reps of earlier results files"
+    )
+    parser.add_argument("--name", help="results file name (default: from the model)")
+    args = parser.parse_args()
+
+    from reame_core.settings import Settings
+
+    model = args.model or Settings().model
+    measured = merged(args.merge) if args.merge else measure_reps(args, model)
+    samples = measured["samples"]
     rows = summarise(samples)
     name = args.name or "structured_output_" + Path(model).name.removesuffix(".gguf")
     path = write_report(
@@ -234,14 +271,11 @@ def main() -> None:
         {
             "workload": f"JSON extraction: {len(DOCUMENTS)} documents, one 8-field schema, "
             "chat completions, greedy, response_format json_schema",
-            "model": f"{model} ({model_path.name})",
-            "threads": args.threads,
-            "max_tokens": args.max_tokens,
-            "reps": args.reps,
-            "ceiling": host,
+            "model": f"{model} ({measured['model_file']})",
+            "reps": len(next(iter(samples.values()))),
             "command": " ".join(["python", "benchmarks/structured_output.py", *sys.argv[1:]]),
             "configurations": rows,
-            "answers_last_rep": {name: runs[-1]["answers"] for name, runs in samples.items()},
+            **measured,
         },
     )
     print(f"\nwritten to {path}\n")
