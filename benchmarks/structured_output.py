@@ -12,10 +12,12 @@ OpenAI's ``response_format: {"type": "json_schema", ...}``. Configurations:
 Each rep runs the twenty requests in order against each configuration in turn (reame,
 reame-off, llama-server), several reps. The figure is decode tokens per second (prompt time
 excluded) from each server's own ``timings`` (predicted_n / predicted_ms), summed over the
-twenty; ratios are medians of per-rep ratios. Every answer is parsed and validated with
-jsonschema; Reame's answers with and without drafts are compared text for text. From
-Reame's ``timings.drafts``: the share of output tokens that were accepted drafts, by source.
-The host's ceiling (prompt rate / decode rate) is printed next to the result.
+twenty; ratios are medians of per-rep ratios. Servers may spend different numbers of tokens
+on the same answer (whitespace between JSON tokens), so the time each takes to decode all
+twenty answers is compared too. Every answer is parsed and validated with jsonschema;
+Reame's answers with and without drafts are compared text for text. From Reame's
+``timings.drafts``: the share of output tokens that were accepted drafts, by source. The
+host's ceiling (prompt rate / decode rate) is printed next to the result.
 
 Palimpsest is disabled on the Reame server: the reps repeat the same requests, and its
 archive would draft them from the previous rep's answers, which no first request gets.
@@ -145,6 +147,7 @@ def summarise(samples: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         row: dict[str, Any] = {
             "decode_tok_s": round(statistics.median(rates[name]), 2),
             "decode_tok_s_by_rep": [round(rate, 2) for rate in rates[name]],
+            "decode_seconds_by_rep": [round(s["decode_seconds"], 1) for s in runs],
             "wall_seconds_by_rep": [round(s["wall_seconds"], 1) for s in runs],
             "valid": f"{sum(s['valid'] for s in runs)} of {len(DOCUMENTS) * len(runs)}",
             "output_tokens": tokens,
@@ -170,11 +173,16 @@ def summarise(samples: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         ]
         rows["reame"]["answers_identical_to_reame_off"] = f"{sum(same)} of {len(same)}"
     if "llama-server" in samples:
+        # Servers may spend different numbers of tokens on the same answers (whitespace in
+        # the JSON): the rate is the goal's figure, the time to decode all twenty the user's.
+        theirs = [s["decode_seconds"] for s in samples["llama-server"]]
         for name in ("reame", "reame-off"):
             if name in samples:
                 rows[name]["vs_llama_server"] = round(
                     median_ratio(rates[name], rates["llama-server"]), 3
                 )
+                mine = [s["decode_seconds"] for s in samples[name]]
+                rows[name]["decode_time_vs_llama_server"] = round(median_ratio(theirs, mine), 3)
     return rows
 
 
