@@ -214,7 +214,7 @@ def test_n_sampled_candidates_each_validate(
     assert len(validated(finished, TICKET)) == 4
 
 
-def test_greedy_answers_with_grammar_drafts_equal_the_plain_ones_up_to_near_ties(
+def test_greedy_answers_with_grammar_drafts_equal_the_plain_ones(
     backend: LlamaBackend, constrained: PluginHost, make_engine: MakeEngine
 ) -> None:
     engine = make_engine(backend, plugins=constrained, speculate="on")
@@ -231,7 +231,10 @@ def test_greedy_answers_with_grammar_drafts_equal_the_plain_ones_up_to_near_ties
         proposed += finished.usage.draft_proposed.get("suggeritore", 0)
         accepted += finished.usage.draft_accepted.get("suggeritore", 0)
 
-    assert_near_ties(plains, drafted, VERIFY_FLIP_RATE_Q4_1)
+    if backend.info.extra.get("llamafile"):  # verifying drafts is exact only up to near-ties
+        assert_near_ties(plains, drafted, VERIFY_FLIP_RATE_Q4_1)
+    else:
+        assert drafted == [plain.tokens for plain in plains]
     print(f"grammar drafts: {accepted} of {proposed} accepted")
     assert accepted >= 0.8 * proposed > 0
 
