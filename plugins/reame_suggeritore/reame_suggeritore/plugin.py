@@ -39,13 +39,7 @@ from reame_suggeritore.tokenizer import build_tokenizer, end_of_sequence
 log = structlog.get_logger(__name__)
 
 NAME = "suggeritore"
-REQUEST_FIELDS = {
-    "grammar": "a GBNF grammar the output must follow",
-    "json_schema": "a JSON schema the output must follow",
-    "regex": "a regular expression the output must match",
-    "response_format": "OpenAI's structured output: text, json_object or json_schema",
-}
-assert set(REQUEST_FIELDS) == set(FIELDS)
+REQUEST_FIELDS = FIELDS
 
 
 class SuggeritoreSettings(BaseModel):

@@ -38,7 +38,12 @@ MAX_SCHEMA_DEPTH = 128
 # The longest grammar text (a schema serialized, a GBNF grammar, a regex) a request may send.
 MAX_GRAMMAR_CHARS = 100_000
 
-FIELDS = ("response_format", "json_schema", "grammar", "regex")
+FIELDS = {
+    "response_format": "OpenAI's structured output: text, json_object or json_schema",
+    "json_schema": "a JSON schema the output must follow",
+    "grammar": "a GBNF grammar the output must follow",
+    "regex": "a regular expression the output must match",
+}
 
 
 @dataclass(frozen=True)

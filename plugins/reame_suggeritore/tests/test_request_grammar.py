@@ -227,3 +227,30 @@ def test_an_adversarial_grammar_is_refused_fast_or_runs_within_bounds(
         engine.stop()
     assert finished.error is None
     assert time.perf_counter() - started < 10.0
+
+
+def test_pydantic_schemas_as_instructor_and_openai_send_them_compile() -> None:
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class Line(BaseModel):
+        item: str = Field(max_length=30, description="what was sold")
+        quantity: int = Field(ge=1, le=999)
+
+    class Invoice(BaseModel):
+        number: str = Field(pattern=r"^INV-[0-9]+$")
+        currency: Literal["EUR", "USD"]
+        lines: list[Line] = Field(min_length=1, max_length=4)
+        total: float = Field(ge=0)
+        note: str | None = None
+
+    schema = Invoice.model_json_schema()  # $defs, $ref, titles, anyOf with null, a default
+
+    check(
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "Invoice", "schema": schema},
+        }
+    )
+    check(response_format={"type": "json_object", "schema": schema})
