@@ -114,7 +114,6 @@ class Suggeritore:
             return
         self._constraints[seq.key] = Constraint(
             matcher,
-            n_vocab=model.n_vocab,
             mask_bits=grammars.tokenizer.vocab_size,
             eos=end_of_sequence(model),
             eog=model.eog,
