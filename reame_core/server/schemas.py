@@ -10,18 +10,18 @@ Unknown fields are refused with a 400 that names them, unless an enabled plugin 
 field through ``reame_request_extensions``: a field that would change the output is never
 silently ignored. Fields that cannot change the output (``user``, ``metadata``) are accepted.
 
-A plugin may claim one of these OpenAI fields too, to honour what only a plugin can: the
-core still reads and checks the field, and the plugin receives it, as sent, among the
-request's extensions. Without such a plugin, values that need one are refused: a structured
-``response_format``, and ``tools`` the model may call (constrained to the functions'
-schemas; ``tool_choice: "none"`` needs no plugin).
+A plugin may claim one of these OpenAI fields too, to honour what only a plugin can; without
+such a plugin, values that need one are refused. A claimed ``response_format`` is the
+plugin's alone. A claimed ``tools`` is read by the core too, which puts the functions in the
+prompt and reads the calls back whoever constrains them: claiming it says the plugin
+constrains the calls, which the core requires unless ``tool_choice`` is "none".
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
@@ -95,11 +95,13 @@ class NamedToolChoice(_Strict):
 class ResponseFormat(_Strict):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: dict[str, Any] | None = None
-    schema_: dict[str, Any] | None = Field(None, alias="schema")  # llama-server's json_object
 
 
 class _Generation(_Strict):
     """Fields shared by chat and text completions."""
+
+    # The API's fields it reads even when a plugin claims them (see the module docstring).
+    read_when_claimed: ClassVar[frozenset[str]] = frozenset()
 
     model: str | None = None
     max_tokens: int | None = None
@@ -162,6 +164,8 @@ class _Generation(_Strict):
 
 
 class ChatCompletionRequest(_Generation):
+    read_when_claimed = frozenset({"tools"})
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
@@ -203,11 +207,8 @@ class ChatCompletionRequest(_Generation):
         return ToolUse(functions, choice or "auto", None, self.parallel_tool_calls)
 
     def refuse_unclaimed(self, claimed: Mapping[str, str]) -> None:
-        if (
-            self.response_format is not None
-            and self.response_format.type != "text"
-            and "response_format" not in claimed
-        ):
+        # A plugin that claims `response_format` receives it as an extension instead.
+        if self.response_format is not None and self.response_format.type != "text":
             raise RequestError(
                 f"response_format '{self.response_format.type}' needs structured output, "
                 "and no enabled plugin handles it; `reame plugins` lists them.",
@@ -261,13 +262,15 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
 def parse_body(
     model: type[_Generation], body: Any, claimed: Mapping[str, str]
 ) -> tuple[Any, dict[str, Any]]:
-    """Validate a JSON body. Fields claimed by plugins are handed over as extensions; those
-    that are also the API's own are read here as well."""
+    """Validate a JSON body; fields claimed by plugins are handed over as extensions (and
+    those the API reads anyway are read here too)."""
     if not isinstance(body, dict):
         raise RequestError("The request body must be a JSON object.")
     extensions = {key: body[key] for key in body if key in claimed}
     rest = {
-        key: value for key, value in body.items() if key not in claimed or key in model.model_fields
+        key: value
+        for key, value in body.items()
+        if key not in claimed or key in model.read_when_claimed
     }
     try:
         parsed = model.model_validate(rest)

@@ -21,6 +21,7 @@ import argparse
 import time
 from collections.abc import Mapping, Sequence
 
+import llguidance
 import numpy as np
 import structlog
 from pydantic import BaseModel, ConfigDict
@@ -44,8 +45,9 @@ REQUEST_FIELDS = {
     "json_schema": "a JSON schema the output must follow",
     "regex": "a regular expression the output must match",
     "response_format": "OpenAI's structured output: text, json_object or json_schema",
+    "tools": "function calls: tool_choice honoured, arguments follow each function's schema",
 }
-assert set(REQUEST_FIELDS) == set(FIELDS)
+assert set(REQUEST_FIELDS) == {*FIELDS, "tools"}
 
 
 class SuggeritoreSettings(BaseModel):
@@ -95,7 +97,8 @@ class Suggeritore:
 
     @hookimpl
     def reame_check_request(self, request: GenerationRequest, model: ModelInfo) -> None:
-        grammar = requested_grammar(request)
+        tokenizer = self._grammars.tokenizer if self._grammars is not None else None
+        grammar = requested_grammar(request, tokenizer)
         if grammar is None:
             return
         if request.params.ignore_eos:
@@ -108,11 +111,12 @@ class Suggeritore:
 
     @hookimpl
     def reame_sequence_started(self, seq: SequenceView) -> None:
-        grammar = _grammar_of(seq)
-        if grammar is None or self._model is None:
+        if self._model is None or self._grammars is None:
             return
-        model = self._model
-        grammars = self._cache()
+        model, grammars = self._model, self._grammars
+        grammar = _grammar_of(seq, grammars.tokenizer)
+        if grammar is None:
+            return
         try:
             matcher = grammars.matcher(grammar)  # compiled when the request was checked
         except RequestError as error:  # only if the check was skipped
@@ -174,14 +178,18 @@ class Suggeritore:
         return self._grammars
 
 
-def _grammar_of(seq: SequenceView) -> Grammar | None:
+def _grammar_of(seq: SequenceView, tokenizer: llguidance.LLTokenizer) -> Grammar | None:
     """The grammar of the request `seq` answers, derived again from its fields (the same
     text as at its check, so the compiled grammar is found in the cache)."""
     request = GenerationRequest(
-        seq.prompt_tokens, seq.params, extensions=seq.extensions, request_id=seq.request_id
+        seq.prompt_tokens,
+        seq.params,
+        extensions=seq.extensions,
+        request_id=seq.request_id,
+        tools=seq.tools,
     )
     try:
-        return requested_grammar(request)
+        return requested_grammar(request, tokenizer)
     except RequestError:  # refused at its check; a request that skipped it runs free
         return None
 
