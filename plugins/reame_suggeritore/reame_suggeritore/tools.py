@@ -11,7 +11,8 @@ What the model may write is what the request's `ToolUse` allows, in the core's w
 
 A call names one of the functions, and its arguments follow that function's JSON schema
 (`%json`), laid out as the wire format lays JSON out: ``", "`` and ``": "`` and no other
-whitespace, which also leaves a small model no room to wander off into blank space.
+whitespace, which also leaves a small model no room to wander off into blank space. Objects
+hold only the properties their schema names unless it allows others (`closed`).
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def _regex(text: str) -> str:
 def _arguments_schema(function: FunctionTool, index: int) -> str:
     """The function's parameters with the wire format's layout, as JSON text; refused with
     a 400 naming the tool when llguidance cannot compile them."""
-    parameters: dict[str, Any] = dict(function.parameters)
+    parameters: dict[str, Any] = closed(function.parameters)
     options = parameters.get("x-guidance")
     parameters["x-guidance"] = {**(options if isinstance(options, dict) else {}), **_LAYOUT}
     schema = json.dumps(parameters)
@@ -108,6 +109,40 @@ def _arguments_schema(function: FunctionTool, index: int) -> str:
         param = f"tools[{index}].function.parameters"
         raise RequestError(f"'{param}' cannot constrain the arguments: {error}", param=param)
     return schema
+
+
+# Keywords whose value is a schema, a list of schemas, or a map of names to schemas.
+_SCHEMA = ("additionalProperties", "items", "not", "if", "then", "else", "contains")
+_SCHEMA_LIST = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_MAP = ("properties", "patternProperties", "$defs", "definitions")
+
+
+def closed(schema: Any, *, close: bool = True) -> Any:
+    """`schema` with every object that does not say otherwise closed to the properties it
+    names (``"additionalProperties": false``).
+
+    JSON Schema lets an object hold any other property by default, and pydantic's schemas
+    (instructor's) leave that default. A model constrained to such a schema may add property
+    after property of its own invention until max_tokens; a function's arguments are the
+    parameters it declares, so only those are written. The parts of an ``allOf`` stay open
+    (each would refuse the others' properties), their own properties closed.
+    """
+    if not isinstance(schema, dict):
+        return schema
+    result: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _SCHEMA:
+            result[key] = closed(value)
+        elif key in _SCHEMA_LIST and isinstance(value, list):
+            result[key] = [closed(item, close=key != "allOf") for item in value]
+        elif key in _SCHEMA_MAP and isinstance(value, dict):
+            result[key] = {name: closed(item) for name, item in value.items()}
+        else:
+            result[key] = value
+    is_object = schema.get("type") == "object" or "properties" in schema
+    if close and is_object and not {"additionalProperties", "patternProperties"} & set(schema):
+        result["additionalProperties"] = False
+    return result
 
 
 @lru_cache(maxsize=256)

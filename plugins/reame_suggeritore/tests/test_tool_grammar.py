@@ -201,3 +201,41 @@ def test_functions_outside_a_named_choice_are_not_compiled() -> None:
     broken = FunctionTool("broken", None, {"type": "object", "properties": {"a": {"type": 5}}})
     request = GenerationRequest([1], tools=ToolUse((CLOCK, broken), "required", "clock"))
     assert tool_grammar(request) is not None
+
+
+def offering(parameters: dict[str, Any]) -> GenerationRequest:
+    return GenerationRequest([1], tools=ToolUse((FunctionTool("f", None, parameters),)))
+
+
+OPEN_ITEMS = {  # pydantic writes schemas like this: additionalProperties left out
+    "type": "object",
+    "properties": {
+        "lines": {
+            "type": "array",
+            "items": {"$ref": "#/$defs/Line"},
+        }
+    },
+    "$defs": {"Line": {"type": "object", "properties": {"sku": {"type": "string"}}}},
+}
+
+
+def test_objects_hold_only_the_properties_they_name_unless_they_allow_more(
+    vocabulary: Vocabulary,
+) -> None:
+    line = {"lines": [{"sku": "a1"}]}
+    assert accepts(offering(OPEN_ITEMS), vocabulary, call_text("f", line))
+    assert not accepts(offering(OPEN_ITEMS), vocabulary, call_text("f", {**line, "x": 1}))
+    extra_in_item = {"lines": [{"sku": "a1", "x": 1}]}
+    assert not accepts(offering(OPEN_ITEMS), vocabulary, call_text("f", extra_in_item))
+    allowed = {**OPEN_ITEMS, "additionalProperties": {"type": "integer"}}
+    assert accepts(offering(allowed), vocabulary, call_text("f", {**line, "x": 1}))
+
+
+def test_the_parts_of_an_all_of_keep_each_others_properties(vocabulary: Vocabulary) -> None:
+    parts = {
+        "allOf": [
+            {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+            {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]},
+        ]
+    }
+    assert accepts(offering(parts), vocabulary, call_text("f", {"a": 1, "b": 2}))
