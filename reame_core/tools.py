@@ -45,12 +45,12 @@ _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 @dataclass(frozen=True)
 class FunctionTool:
     """One function the model may call; `parameters` is the JSON schema of its arguments,
-    an object schema (OpenAI's "no parameters" is an object with no properties)."""
+    an object schema (OpenAI's "no parameters" is an object with no properties). OpenAI's
+    `strict` has no counterpart: a constraining plugin holds every call to its schema."""
 
     name: str
     description: str | None = None
     parameters: Mapping[str, Any] = field(default_factory=lambda: dict(NO_PARAMETERS))
-    strict: bool = False
 
     def definition(self) -> dict[str, Any]:
         """The function as OpenAI (and chat templates) write it."""

@@ -75,7 +75,7 @@ class FunctionDefinition(_Strict):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
-    strict: bool | None = None
+    strict: bool | None = None  # accepted; every constrained call follows its schema
 
 
 class Tool(_Strict):
@@ -198,7 +198,6 @@ class ChatCompletionRequest(_Generation):
                 dict(NO_PARAMETERS)
                 if tool.function.parameters is None
                 else tool.function.parameters,
-                bool(tool.function.strict),
             )
             for tool in self.tools
         )
