@@ -199,7 +199,9 @@ def reame_constrain_logits(seq: SequenceView, pending: Sequence[int], logits: np
 
     Called once per position the engine samples or verifies, for each candidate, always on
     the model's own row: candidates that share one prompt's logits get a copy each, so a
-    constraint need not be idempotent."""
+    constraint need not be idempotent. A row after a pending token the constraint refuses
+    may be left as it is: verification stops at the earlier row, where that token was
+    masked out, and never reads it."""
 
 
 @hookspec(firstresult=True)

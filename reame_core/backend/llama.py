@@ -194,7 +194,7 @@ class LlamaVocabulary:
             pieces = self.pieces()
             control = set()
             for token in range(self._n_vocab):
-                attr = llama_cpp.llama_token_get_attr(vocab, token)
+                attr = llama_cpp.llama_vocab_get_attr(vocab, token)
                 piece = pieces[token]
                 tag = piece.startswith(b"<") and piece.endswith(b">")
                 if attr & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL or (

@@ -35,14 +35,12 @@ class Constraint:
         self,
         matcher: llguidance.LLMatcher,
         *,
-        n_vocab: int,
         mask_bits: int,
         eos: int,
         eog: frozenset[int],
         request_id: str,
     ) -> None:
         self.matcher = matcher
-        self.n_vocab = n_vocab
         self.eos = eos
         self.eog = np.array(sorted(eog | {eos}), dtype=np.int64)
         self.request_id = request_id

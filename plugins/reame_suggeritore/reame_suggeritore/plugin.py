@@ -36,18 +36,12 @@ from reame_suggeritore.constraint import Constraint
 from reame_suggeritore.grammars import GrammarCache
 from reame_suggeritore.request_grammar import FIELDS, Grammar, requested_grammar
 from reame_suggeritore.tokenizer import build_tokenizer, end_of_sequence
+from reame_suggeritore.tools import TOOL_FIELDS
 
 log = structlog.get_logger(__name__)
 
 NAME = "suggeritore"
-REQUEST_FIELDS = {
-    "grammar": "a GBNF grammar the output must follow",
-    "json_schema": "a JSON schema the output must follow",
-    "regex": "a regular expression the output must match",
-    "response_format": "OpenAI's structured output: text, json_object or json_schema",
-    "tools": "function calls: tool_choice honoured, arguments follow each function's schema",
-}
-assert set(REQUEST_FIELDS) == {*FIELDS, "tools"}
+REQUEST_FIELDS = {**FIELDS, **TOOL_FIELDS}
 
 
 class SuggeritoreSettings(BaseModel):
@@ -124,7 +118,6 @@ class Suggeritore:
             return
         self._constraints[seq.key] = Constraint(
             matcher,
-            n_vocab=model.n_vocab,
             mask_bits=grammars.tokenizer.vocab_size,
             eos=end_of_sequence(model),
             eog=model.eog,

@@ -36,6 +36,11 @@ from reame_core.tools import (
     call_head,
 )
 
+TOOL_FIELDS = {
+    "tools": "function calls: tool_choice honoured, arguments follow each function's schema",
+}
+"""The request field this module constrains (the core reads it too: see `reame_core.tools`)."""
+
 # llguidance's JSON options for the arguments: the wire format's layout (the separators are
 # regexes to llguidance; these hold no regex syntax).
 _LAYOUT = {

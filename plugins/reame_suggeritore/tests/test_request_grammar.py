@@ -14,7 +14,7 @@ from reame_core.plugins import PluginHost
 from reame_core.request import GenerationRequest, SamplingParams
 from reame_core.settings import Settings
 from reame_suggeritore.plugin import Suggeritore
-from reame_suggeritore.request_grammar import MAX_GRAMMAR_CHARS, requested_grammar
+from reame_suggeritore.request_grammar import MAX_GRAMMAR_CHARS, closed_objects, requested_grammar
 
 OBJECT = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 
@@ -227,3 +227,57 @@ def test_an_adversarial_grammar_is_refused_fast_or_runs_within_bounds(
         engine.stop()
     assert finished.error is None
     assert time.perf_counter() - started < 10.0
+
+
+def test_pydantic_schemas_as_instructor_and_openai_send_them_compile() -> None:
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class Line(BaseModel):
+        item: str = Field(max_length=30, description="what was sold")
+        quantity: int = Field(ge=1, le=999)
+
+    class Invoice(BaseModel):
+        number: str = Field(pattern=r"^INV-[0-9]+$")
+        currency: Literal["EUR", "USD"]
+        lines: list[Line] = Field(min_length=1, max_length=4)
+        total: float = Field(ge=0)
+        note: str | None = None
+
+    schema = Invoice.model_json_schema()  # $defs, $ref, titles, anyOf with null, a default
+
+    check(
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "Invoice", "schema": schema},
+        }
+    )
+    check(response_format={"type": "json_object", "schema": schema})
+
+
+def test_objects_that_name_their_properties_admit_no_others_unless_they_say_so() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "properties": {"type": "object", "properties": {"x": {"type": "integer"}}},
+            "free": {"type": "object", "properties": {"y": {}}, "additionalProperties": True},
+            "any": {"type": "object"},
+            "list": {"type": "array", "items": {"properties": {"z": {}}}},
+        },
+        "$defs": {"d": {"properties": {"w": {}}}},
+        "anyOf": [{"properties": {"v": {}}}],
+    }
+
+    closed = closed_objects(schema)
+
+    assert closed["additionalProperties"] is False
+    inner = closed["properties"]
+    assert set(inner) == {"properties", "free", "any", "list"}  # a key named "properties"
+    assert inner["properties"]["additionalProperties"] is False
+    assert inner["free"]["additionalProperties"] is True
+    assert "additionalProperties" not in inner["any"]  # any object stays any object
+    assert inner["list"]["items"]["additionalProperties"] is False
+    assert closed["$defs"]["d"]["additionalProperties"] is False
+    assert closed["anyOf"][0]["additionalProperties"] is False
+    assert "additionalProperties" not in schema  # the request's own schema is left as sent
