@@ -40,6 +40,9 @@ NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": Fal
 
 # OpenAI's rule for function names; it also keeps them plain inside the wire format.
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# The deepest nesting of objects and arrays a function's parameters may have: far beyond any
+# real schema, and far from Python's recursion limit for whoever walks them.
+MAX_PARAMETERS_DEPTH = 128
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,11 @@ class ToolUse:
                     param=f"{param}.name",
                 )
             seen.add(function.name)
+            if _nesting(function.parameters) > MAX_PARAMETERS_DEPTH:
+                raise RequestError(
+                    f"'{param}.parameters' nests deeper than {MAX_PARAMETERS_DEPTH} levels.",
+                    param=f"{param}.parameters",
+                )
             kind = function.parameters.get("type", "object")
             if kind != "object":
                 raise RequestError(
@@ -124,6 +132,23 @@ class ToolUse:
     def single(self) -> bool:
         """At most one call per reply."""
         return self.only is not None or not self.parallel
+
+
+def _nesting(value: Any) -> int:
+    """How deeply objects and arrays nest in `value`, counted without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack and deepest <= MAX_PARAMETERS_DEPTH:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def call_text(name: str, arguments: Any) -> str:

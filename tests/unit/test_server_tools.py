@@ -46,6 +46,9 @@ WEATHER = {
 }
 CLOCK = {"type": "function", "function": {"name": "clock"}}
 ROME = call_text("weather", {"city": "Rome", "days": 2})
+DEEP: dict[str, Any] = {"type": "string"}
+for _ in range(100):
+    DEEP = {"type": "object", "properties": {"a": DEEP}}
 TIME = call_text("clock", {})
 
 
@@ -153,6 +156,10 @@ def test_tool_choice_none_needs_no_plugin_and_calls_nothing(
             "tools[0].function.parameters",
         ),
         ({"parallel_tool_calls": "sometimes"}, "parallel_tool_calls"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": DEEP}}]},
+            "tools[0].function.parameters",
+        ),
         ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages[0]"),
         ({"messages": [*QUESTION, {"role": "tool", "content": "sunny"}]}, "messages[1]"),
         (
@@ -170,6 +177,7 @@ def test_tool_choice_none_needs_no_plugin_and_calls_nothing(
         "two functions of one name",
         "parameters not an object",
         "parallel_tool_calls not a boolean",
+        "parameters nested too deep",
         "a user's tool_calls",
         "a tool result without its call id",
         "a call id outside a tool result",

@@ -123,8 +123,9 @@ _SCHEMA_MAP = ("properties", "patternProperties", "$defs", "definitions")
 
 
 def closed(schema: Any, *, close: bool = True) -> Any:
-    """`schema` with every object that does not say otherwise closed to the properties it
-    names (``"additionalProperties": false``).
+    """`schema` with every object that names its properties closed to others, unless it
+    says otherwise (``"additionalProperties": false``; `request_grammar.closed_objects` does
+    the same for answers, but closes the parts of an ``allOf`` too).
 
     JSON Schema lets an object hold any other property by default, and pydantic's schemas
     (instructor's) leave that default. A model constrained to such a schema may add property
@@ -144,8 +145,8 @@ def closed(schema: Any, *, close: bool = True) -> Any:
             result[key] = {name: closed(item) for name, item in value.items()}
         else:
             result[key] = value
-    is_object = schema.get("type") == "object" or "properties" in schema
-    if close and is_object and not {"additionalProperties", "patternProperties"} & set(schema):
+    names = isinstance(schema.get("properties"), dict)  # a free-form object stays open
+    if close and names and not {"additionalProperties", "patternProperties"} & set(schema):
         result["additionalProperties"] = False
     return result
 

@@ -227,6 +227,8 @@ def test_objects_hold_only_the_properties_they_name_unless_they_allow_more(
     assert not accepts(offering(OPEN_ITEMS), vocabulary, call_text("f", {**line, "x": 1}))
     extra_in_item = {"lines": [{"sku": "a1", "x": 1}]}
     assert not accepts(offering(OPEN_ITEMS), vocabulary, call_text("f", extra_in_item))
+    free_form = {"type": "object", "properties": {"labels": {"type": "object"}}}
+    assert accepts(offering(free_form), vocabulary, call_text("f", {"labels": {"x": 1}}))
     allowed = {**OPEN_ITEMS, "additionalProperties": {"type": "integer"}}
     assert accepts(offering(allowed), vocabulary, call_text("f", {**line, "x": 1}))
 
