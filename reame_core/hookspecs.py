@@ -97,7 +97,10 @@ def reame_request_extensions() -> Mapping[str, str]:
     """Name the request fields this plugin handles, with a one-line description.
 
     The API accepts an extension field only if an enabled plugin claims it; any other
-    unknown field that would change the output is refused with a 400.
+    unknown field that would change the output is refused with a 400. Claiming OpenAI's
+    ``tools`` says the plugin constrains tool calls to the functions (the API still renders
+    them and reads the calls back, from `GenerationRequest.tools`): without such a plugin,
+    the API refuses calls.
     """
 
 

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from reame_core.request import FinishReason, SamplingParams
+    from reame_core.tools import ToolUse
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,10 @@ class SequenceView(Protocol):
     def params(self) -> SamplingParams: ...
     @property
     def extensions(self) -> Mapping[str, Any]: ...
+    @property
+    def tools(self) -> ToolUse | None:
+        """The functions the request offers the model (`GenerationRequest.tools`)."""
+        ...
 
 
 class TargetSampler(Protocol):

@@ -20,6 +20,7 @@ from reame_core.errors import ContextOverflowError, RequestError
 
 if TYPE_CHECKING:
     from reame_core.hooktypes import ModelInfo
+    from reame_core.tools import ToolUse
 
 FinishReason = Literal["stop", "length", "abandoned", "cancelled", "error"]
 """Why a candidate ended. "stop" (end of generation or a stop string) and "length" (max_tokens
@@ -94,7 +95,9 @@ class GenerationRequest:
     `n` candidates share one prefill; their KV is cloned, and candidate i samples with seed
     `seed + i`. A `session_id` keeps the conversation's KV pinned in its slot between
     turns. `extensions` carries fields that plugins registered through
-    `reame_request_extensions` (e.g. a grammar); the engine passes them through untouched.
+    `reame_request_extensions` (e.g. a grammar); `tools` the functions a chat offers the
+    model (a plugin that claims ``tools`` constrains the calls to them). The engine passes
+    both through untouched.
     """
 
     prompt_tokens: Sequence[int]
@@ -103,6 +106,7 @@ class GenerationRequest:
     extensions: Mapping[str, Any] = field(default_factory=dict)
     session_id: str | None = None
     request_id: str = field(default_factory=lambda: f"req-{next(_request_ids)}")
+    tools: ToolUse | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_tokens:

@@ -25,6 +25,7 @@ from reame_core.request import (
     TokenEvent,
     Usage,
 )
+from reame_core.tools import ToolUse
 
 _keys = itertools.count()
 
@@ -80,6 +81,10 @@ class Candidate:
     @property
     def extensions(self) -> Mapping[str, Any]:
         return self.group.request.extensions
+
+    @property
+    def tools(self) -> ToolUse | None:
+        return self.group.request.tools
 
     # -------------------------------------------------------------- state
 

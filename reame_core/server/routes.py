@@ -22,8 +22,8 @@ from litestar.params import JSONBody
 from litestar.response import Stream
 
 from reame_core.logs import prompts_allowed
-from reame_core.request import FinishEvent, TokenEvent, TokenLogprob
-from reame_core.server import responses
+from reame_core.request import CandidateResult, FinishEvent, TokenEvent, TokenLogprob
+from reame_core.server import responses, tool_calls
 from reame_core.server.errors import APIError
 from reame_core.server.metrics import ServerMetrics
 from reame_core.server.service import APICall, Kind, ServerState, prepare
@@ -56,13 +56,20 @@ def _latency_observer(metrics: ServerMetrics | None, started: float) -> Callable
 
 
 class _Reply:
-    """An `APICall`'s events as OpenAI's response bodies: one JSON body or SSE chunks."""
+    """An `APICall`'s events as OpenAI's response bodies: one JSON body or SSE chunks.
+
+    A chat that lets the model call functions has its text read for tool calls
+    (`tool_calls.ToolCallReader`); a reply that calls one ends with finish_reason
+    "tool_calls" rather than "stop".
+    """
 
     def __init__(self, call: APICall) -> None:
         self.call = call
         self.include_usage = call.include_usage
         self.chat = call.kind == "chat"
         self.with_logprobs = call.requests[0].params.logprobs is not None
+        tools = call.requests[0].tools
+        self.reads_calls = tools is not None and tools.calls_allowed
 
     async def events(self) -> AsyncIterator[tuple[int, TokenEvent | FinishEvent]]:
         """The call's events; with --log-prompts, one `exchange` line once it has ended."""
@@ -116,12 +123,16 @@ class _Reply:
             for result in event.candidates:
                 items = logprobs.get((index, result.candidate), [])
                 choice: dict[str, Any] = {"index": len(choices)}
-                if self.chat:
-                    choice["message"] = {"role": "assistant", "content": result.text}
-                else:
+                finish_reason: str = result.finish_reason
+                if not self.chat:
                     choice["text"] = result.text
+                elif self.reads_calls:
+                    choice["message"] = tool_calls.message(result.text)
+                    finish_reason = _finish_reason(result, "tool_calls" in choice["message"])
+                else:
+                    choice["message"] = {"role": "assistant", "content": result.text}
                 choice["logprobs"] = self.logprobs(items)
-                choice["finish_reason"] = result.finish_reason
+                choice["finish_reason"] = finish_reason
                 choices.append(choice)
         usage = responses.merge_usage([finished[i].usage for i in sorted(finished)])
         return {
@@ -159,20 +170,24 @@ class _Reply:
             ]
             yield _sse(self._chunk(opening))
         offsets: dict[int, int] = {}
+        deltas = _ChatDeltas(self.reads_calls)
         usages = []
         async for index, event in self.events():
             if isinstance(event, TokenEvent):
-                if not event.text and not event.logprobs:
-                    continue
                 position = self.position(index, event.candidate)
                 if self.chat:
+                    delta = deltas.read(position, event.text)
+                    if not delta and not event.logprobs:
+                        continue
                     choice: dict[str, Any] = {
                         "index": position,
-                        "delta": {"content": event.text},
+                        "delta": delta or {"content": ""},
                         "logprobs": self.logprobs(event.logprobs),
                         "finish_reason": None,
                     }
                 else:
+                    if not event.text and not event.logprobs:
+                        continue
                     offset = offsets.get(position, 0)
                     choice = {
                         "index": position,
@@ -200,12 +215,16 @@ class _Reply:
             for result in event.candidates:
                 position = self.position(index, result.candidate)
                 if self.chat:
+                    rest, finish_reason = deltas.end(position, result)
+                    if rest:  # what the choice held back
+                        held = {"index": position, "delta": rest, "logprobs": None}
+                        yield _sse(self._chunk([{**held, "finish_reason": None}]))
                     closing.append(
                         {
                             "index": position,
                             "delta": {},
                             "logprobs": None,
-                            "finish_reason": result.finish_reason,
+                            "finish_reason": finish_reason,
                         }
                     )
                 else:
@@ -224,6 +243,32 @@ class _Reply:
             final["timings"] = responses.timings_body(usage)
             yield _sse(final)
         yield _sse("[DONE]")
+
+
+class _ChatDeltas:
+    """A streamed chat's deltas, choice by choice: the text as it comes or, when the model
+    may call functions, what a `ToolCallReader` makes of it."""
+
+    def __init__(self, reads_calls: bool) -> None:
+        self._readers: dict[int, tool_calls.ToolCallReader] | None = {} if reads_calls else None
+
+    def read(self, position: int, text: str) -> dict[str, Any]:
+        if self._readers is None:
+            return {"content": text} if text else {}
+        reader = self._readers.setdefault(position, tool_calls.ToolCallReader())
+        return tool_calls.delta(reader.feed(text))
+
+    def end(self, position: int, result: CandidateResult) -> tuple[dict[str, Any], str]:
+        """What the choice still held back, and its finish_reason."""
+        if self._readers is None:
+            return {}, result.finish_reason
+        reader = self._readers.pop(position, tool_calls.ToolCallReader())
+        return tool_calls.delta(reader.close()), _finish_reason(result, reader.called)
+
+
+def _finish_reason(result: CandidateResult, called: bool) -> str:
+    """OpenAI's "tool_calls" for a complete reply that calls functions."""
+    return "tool_calls" if called and result.finish_reason == "stop" else result.finish_reason
 
 
 class CompletionsController(Controller):

@@ -9,17 +9,26 @@ These classes check types and the limits of fields only the API has (`max_comple
 Unknown fields are refused with a 400 that names them, unless an enabled plugin claims the
 field through ``reame_request_extensions``: a field that would change the output is never
 silently ignored. Fields that cannot change the output (``user``, ``metadata``) are accepted.
+
+A plugin may claim one of these OpenAI fields too, to honour what only a plugin can; without
+such a plugin, values that need one are refused. A claimed ``response_format`` is the
+plugin's alone. A claimed ``tools`` is read by the core too, which puts the functions in the
+prompt and reads the calls back whoever constrains them: claiming it says the plugin
+constrains the calls, which the core requires unless ``tool_choice`` is "none".
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from functools import cached_property
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 from reame_core.errors import RequestError
 from reame_core.request import SamplingParams
+from reame_core.tools import NO_PARAMETERS, FunctionTool, ToolUse
 
 
 class _Strict(BaseModel):
@@ -30,10 +39,57 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class CalledFunction(_Strict):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Strict):
+    """A call in an assistant message, as the API returned it (`index` as a stream did)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+    index: int | None = None
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _fields_of_its_role(self) -> ChatMessage:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise PydanticCustomError("role", "only assistant messages carry tool_calls")
+        if (self.tool_call_id is not None) != (self.role == "tool"):
+            raise PydanticCustomError(
+                "role", "a tool message, and only a tool message, carries the tool_call_id"
+            )
+        return self
+
+
+class FunctionDefinition(_Strict):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # accepted; every constrained call follows its schema
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: FunctionName
 
 
 class ResponseFormat(_Strict):
@@ -43,6 +99,9 @@ class ResponseFormat(_Strict):
 
 class _Generation(_Strict):
     """Fields shared by chat and text completions."""
+
+    # The API's fields it reads even when a plugin claims them (see the module docstring).
+    read_when_claimed: ClassVar[frozenset[str]] = frozenset()
 
     model: str | None = None
     max_tokens: int | None = None
@@ -99,28 +158,67 @@ class _Generation(_Strict):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def refuse_unclaimed(self) -> None:
-        """Refuse values that only a plugin could honour (none by default)."""
+    def refuse_unclaimed(self, claimed: Mapping[str, str]) -> None:
+        """Refuse values that only a plugin could honour, when none claims their field
+        (none by default)."""
 
 
 class ChatCompletionRequest(_Generation):
+    read_when_claimed = frozenset({"tools"})
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
-    def refuse_unclaimed(self) -> None:
+    @cached_property
+    def tool_use(self) -> ToolUse | None:
+        """The functions offered and how they may be called (None: no tools)."""
+        choice = self.tool_choice
+        if not self.tools:
+            if self.tools is not None:
+                raise RequestError("'tools' is empty; leave it out to offer none.", param="tools")
+            if choice is not None and choice not in ("none", "auto"):
+                raise RequestError(
+                    "'tool_choice' asks for a call but there are no 'tools'.", param="tool_choice"
+                )
+            return None
+        functions = tuple(
+            FunctionTool(
+                tool.function.name,
+                tool.function.description,
+                dict(NO_PARAMETERS)
+                if tool.function.parameters is None
+                else tool.function.parameters,
+            )
+            for tool in self.tools
+        )
+        if isinstance(choice, NamedToolChoice):
+            return ToolUse(functions, "required", choice.function.name, self.parallel_tool_calls)
+        return ToolUse(functions, choice or "auto", None, self.parallel_tool_calls)
+
+    def refuse_unclaimed(self, claimed: Mapping[str, str]) -> None:
         # A plugin that claims `response_format` receives it as an extension instead.
         if self.response_format is not None and self.response_format.type != "text":
             raise RequestError(
                 f"response_format '{self.response_format.type}' needs structured output, "
                 "and no enabled plugin handles it; `reame plugins` lists them.",
                 param="response_format",
+            )
+        tools = self.tool_use
+        if tools is not None and tools.calls_allowed and "tools" not in claimed:
+            raise RequestError(
+                "'tools' needs constrained decoding to call functions, and no enabled plugin "
+                'handles it; `reame plugins` lists them (tool_choice "none" needs none).',
+                param="tools",
             )
 
     @property
@@ -163,11 +261,16 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
 def parse_body(
     model: type[_Generation], body: Any, claimed: Mapping[str, str]
 ) -> tuple[Any, dict[str, Any]]:
-    """Validate a JSON body; fields claimed by plugins are split off as extensions."""
+    """Validate a JSON body; fields claimed by plugins are handed over as extensions (and
+    those the API reads anyway are read here too)."""
     if not isinstance(body, dict):
         raise RequestError("The request body must be a JSON object.")
     extensions = {key: body[key] for key in body if key in claimed}
-    rest = {key: value for key, value in body.items() if key not in claimed}
+    rest = {
+        key: value
+        for key, value in body.items()
+        if key not in claimed or key in model.read_when_claimed
+    }
     try:
         parsed = model.model_validate(rest)
     except ValidationError as error:
@@ -181,5 +284,5 @@ def parse_body(
         else:
             message = f"Invalid '{location}': {first['msg']}."
         raise RequestError(message, param=location) from error
-    parsed.refuse_unclaimed()
+    parsed.refuse_unclaimed(claimed)
     return parsed, extensions

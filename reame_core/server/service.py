@@ -14,6 +14,7 @@ vocabulary (`ModelInfo.vocab`).
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 import uuid
@@ -107,9 +108,11 @@ def build_call(runtime: Runtime, kind: Kind, data: Any, session: str | None) -> 
             param="model",
             code="model_not_found",
         )
+    tools = None
     if kind == "chat":
+        tools = body.tool_use
         messages = [message.model_dump(exclude_none=True) for message in body.messages]
-        prompts, prompt_param = [encode_chat(model, messages)], "messages"
+        prompts, prompt_param = [encode_chat(model, messages, tools=tools)], "messages"
         logprobs = body.logprobs_count
     else:
         prompts, prompt_param = completion_prompts(model, body), "prompt"
@@ -119,7 +122,9 @@ def build_call(runtime: Runtime, kind: Kind, data: Any, session: str | None) -> 
         asked = body.requested_max_tokens
         max_tokens = context_room(len(prompt), model) if asked is None else asked
         params = body.sampling(max_tokens, logprobs)
-        request = GenerationRequest(prompt, params, body.n, extensions, session or body.session_id)
+        request = GenerationRequest(
+            prompt, params, body.n, extensions, session or body.session_id, tools=tools
+        )
         plans.append(runtime.engine.check(request, prompt_param=prompt_param))
         requests.append(request)
     sent = data.get("messages" if kind == "chat" else "prompt")
@@ -187,6 +192,9 @@ def prompt_chars(data: Any) -> int:
             texts += [part.get("text") for part in content if isinstance(part, dict)]
         else:
             texts.append(content)
+    tools = data.get("tools")
+    if isinstance(tools, list):  # the functions' schemas go into the prompt too
+        texts.append(json.dumps(tools))
     return sum(len(text) for text in texts if isinstance(text, str))
 
 

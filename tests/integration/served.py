@@ -1,4 +1,5 @@
-"""A real `reame serve` process for the tests that drive the HTTP API from outside."""
+"""A real `reame serve` process for the tests that drive the HTTP API from outside, or the
+app on uvicorn in the test's own process, for a runtime the test assembles itself."""
 
 from __future__ import annotations
 
@@ -6,11 +7,17 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
+import uvicorn
+
+from reame_core.runtime import Runtime
+from reame_core.server.app import create_app
+from reame_core.server.service import ServerState
 
 REAME = os.path.join(os.path.dirname(sys.executable), "reame")
 
@@ -51,3 +58,26 @@ def reame_serve(*flags: str, ready_within: float = 90) -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(timeout=60)
+
+
+@contextmanager
+def serve_in_process(runtime: Runtime) -> Iterator[str]:
+    """Serve `runtime` over HTTP from a thread of this process; yields the API's base URL
+    (``.../v1``). At the end the server stops, and its shutdown closes the runtime."""
+    state = ServerState(runtime.settings)
+    state.runtime = runtime
+    port = free_port()
+    config = uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the in-process server did not start")
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)

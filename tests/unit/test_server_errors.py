@@ -184,6 +184,12 @@ class ClaimingPlugin:
     [
         (TEXT, text_body(best_of=3), "best_of"),
         (CHAT, chat_body(response_format={"type": "json_object"}), "response_format"),
+        (
+            CHAT,
+            chat_body(response_format={"type": "json_object", "schema": {"type": "object"}}),
+            "response_format",
+        ),
+        (CHAT, chat_body(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
     ],
 )
 def test_field_an_enabled_plugin_claims_reaches_it_as_an_extension(

@@ -21,6 +21,7 @@ import argparse
 import time
 from collections.abc import Mapping, Sequence
 
+import llguidance
 import numpy as np
 import structlog
 from pydantic import BaseModel, ConfigDict
@@ -35,11 +36,12 @@ from reame_suggeritore.constraint import Constraint
 from reame_suggeritore.grammars import GrammarCache
 from reame_suggeritore.request_grammar import FIELDS, Grammar, requested_grammar
 from reame_suggeritore.tokenizer import build_tokenizer, end_of_sequence
+from reame_suggeritore.tools import TOOL_FIELDS
 
 log = structlog.get_logger(__name__)
 
 NAME = "suggeritore"
-REQUEST_FIELDS = FIELDS
+REQUEST_FIELDS = {**FIELDS, **TOOL_FIELDS}
 
 
 class SuggeritoreSettings(BaseModel):
@@ -89,7 +91,8 @@ class Suggeritore:
 
     @hookimpl
     def reame_check_request(self, request: GenerationRequest, model: ModelInfo) -> None:
-        grammar = requested_grammar(request)
+        tokenizer = self._grammars.tokenizer if self._grammars is not None else None
+        grammar = requested_grammar(request, tokenizer)
         if grammar is None:
             return
         if request.params.ignore_eos:
@@ -102,11 +105,12 @@ class Suggeritore:
 
     @hookimpl
     def reame_sequence_started(self, seq: SequenceView) -> None:
-        grammar = _grammar_of(seq)
-        if grammar is None or self._model is None:
+        if self._model is None or self._grammars is None:
             return
-        model = self._model
-        grammars = self._cache()
+        model, grammars = self._model, self._grammars
+        grammar = _grammar_of(seq, grammars.tokenizer)
+        if grammar is None:
+            return
         try:
             matcher = grammars.matcher(grammar)  # compiled when the request was checked
         except RequestError as error:  # only if the check was skipped
@@ -167,14 +171,18 @@ class Suggeritore:
         return self._grammars
 
 
-def _grammar_of(seq: SequenceView) -> Grammar | None:
+def _grammar_of(seq: SequenceView, tokenizer: llguidance.LLTokenizer) -> Grammar | None:
     """The grammar of the request `seq` answers, derived again from its fields (the same
     text as at its check, so the compiled grammar is found in the cache)."""
     request = GenerationRequest(
-        seq.prompt_tokens, seq.params, extensions=seq.extensions, request_id=seq.request_id
+        seq.prompt_tokens,
+        seq.params,
+        extensions=seq.extensions,
+        request_id=seq.request_id,
+        tools=seq.tools,
     )
     try:
-        return requested_grammar(request)
+        return requested_grammar(request, tokenizer)
     except RequestError:  # refused at its check; a request that skipped it runs free
         return None
 

@@ -55,10 +55,13 @@ class Grammar:
     text: str
 
 
-def requested_grammar(request: GenerationRequest) -> Grammar | None:
-    """The grammar `request` asks its answer to follow, or None for free text."""
+def requested_grammar(
+    request: GenerationRequest, tokenizer: llguidance.LLTokenizer | None = None
+) -> Grammar | None:
+    """The grammar `request` asks its answer to follow, or None for free text. Tool calls
+    name their markers as `tokenizer`'s special tokens where it has them."""
     asked: list[Grammar] = []
-    lark = tools.tool_grammar(request)
+    lark = tools.tool_grammar(request, tokenizer)
     if lark is not None:
         asked.append(Grammar("tools", llguidance.LLMatcher.grammar_from_lark(lark)))
     extensions = request.extensions

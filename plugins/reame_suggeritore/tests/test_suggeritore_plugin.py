@@ -58,10 +58,10 @@ def test_suggeritore_claims_its_request_fields_only() -> None:
     for fields in PluginHost().hook.reame_request_extensions():
         claimed.update(fields)
 
-    assert {"grammar", "json_schema", "regex", "response_format"} <= set(claimed)
-    assert not {"tools", "tool_choice", "parallel_tool_calls"} & set(
-        suggeritore_plugin.REQUEST_FIELDS
-    )
+    assert {"grammar", "json_schema", "regex", "response_format", "tools"} <= set(claimed)
+    # The core reads tool_choice and parallel_tool_calls; claiming `tools` says the plugin
+    # constrains the calls.
+    assert not {"tool_choice", "parallel_tool_calls"} & set(suggeritore_plugin.REQUEST_FIELDS)
 
 
 def serve(host: PluginHost) -> Iterator[TestClient[Any]]:
