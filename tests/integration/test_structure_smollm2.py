@@ -31,7 +31,7 @@ LISTS = (
     "List 20 programming languages as a bulleted list.",
     "Make a shopping list with 20 items as bullet points.",
 )
-MAX_TOKENS = 96
+MAX_TOKENS = 200
 
 
 @pytest.mark.parametrize(
