@@ -8,7 +8,7 @@ sibling (its marker, separator and indentation, or its keys), so the draft is to
 way the model writes it; only the next number is tokenized anew.
 
     after "\\n" that ends "3. **Foo**: bar"     proposes "4" "." " **"
-    after "\\n" that ends "  - apple"           proposes "  -" (or "-" after "\\n  ")
+    after "\\n" that ends "  - apple"           proposes "  -" (the same bullet, indented alike)
     after the last pipe of "| 1 | 2 |" once the row has as many pipes as the row before
                                                proposes "\\n" "|" " "
     after `}, {"` in `[{"name": "a", "age": 3}, {"`   proposes `name` `":` ` "`
@@ -221,19 +221,16 @@ class Shape:
         kind = self.kinds.kind(token)
         self.event = ""
         self._read_json(token, position)
-        if kind.opener or kind.breaks:
-            self.line_pipes += kind.pipes
-            self.line_content = self.line_content or kind.content
-            self._end_line(position, token if kind.opener else -1)
-            if kind.opener:
-                self.event = self.event or "line"
-            else:
-                self.line_start, self.line_content = position, True
-        else:
-            self.line_pipes += kind.pipes
-            self.line_content = self.line_content or kind.content
-            if kind.pipes and not self.event and self._is_row(self.line_start, position + 1):
-                self.event = "row"
+        self.line_pipes += kind.pipes
+        self.line_content = self.line_content or kind.content
+        if kind.opener:
+            self._end_line(position, token)
+            self.event = self.event or "line"
+        elif kind.breaks:  # a line starts inside this token, with text: no marker to copy
+            self._end_line(position, -1)
+            self.line_start, self.line_content = position, True
+        elif kind.pipes and not self.event and self._is_row(self.line_start, position + 1):
+            self.event = "row"
 
     def _end_line(self, position: int, opener: int) -> None:
         line = Line(self.line_start, position, self.line_opener, self.line_pipes, self.line_content)

@@ -291,7 +291,7 @@ def test_greedy_output_with_structure_drafts_equals_output_without() -> None:
     assert 0 < accepted[NAME] < proposed[NAME]  # some guesses were right, some rolled back
 
 
-def test_most_structure_tokens_of_the_script_come_from_drafts() -> None:
+def test_structure_drafts_on_the_script_are_mostly_accepted() -> None:
     _, proposed, accepted = write(writer_engine("on", StructureDrafts()))
 
     assert accepted[NAME] >= 0.8 * proposed[NAME]
