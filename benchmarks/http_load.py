@@ -190,6 +190,13 @@ def main() -> None:
     parser.add_argument(
         "--no-deterministic", action="store_true", help="serve Reame with its fast settings"
     )
+    parser.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="also drive this running server in the same alternation (e.g. another Reame build)",
+    )
     args = parser.parse_args()
     if args.child:
         prompt, tokens, threads, fast = args.child
@@ -247,6 +254,7 @@ def main() -> None:
                 servers["llama-server"] = stack.enter_context(
                     llama_server(args.llama_server, args.threads)
                 )
+            servers.update(name_url.split("=", 1) for name_url in args.compare)
             run_all(servers)
     path = write_report(
         f"http_load_{args.label}" + ("_fast" if args.no_deterministic else ""),
@@ -260,6 +268,7 @@ def main() -> None:
             "threads": args.threads,
             "tokens_per_stream": args.tokens,
             "reps": args.reps,
+            "compared": args.compare,
             "command": " ".join(["python", *sys.argv]),
             "http_vs_engine_one_stream": overhead,
             "rows": rows,

@@ -29,7 +29,7 @@ The groups follow a run from its plan, then a request through the engine:
     accounting  reame_drafts_verified, reame_tokens_committed
     selection   reame_plan_candidates, reame_select_candidates
     reporting   reame_describe, reame_collect_stats
-    command     reame_add_options, reame_add_commands
+    command     reame_add_options, reame_add_request_options, reame_add_commands
 """
 
 from __future__ import annotations
@@ -196,7 +196,9 @@ def reame_constrain_logits(seq: SequenceView, pending: Sequence[int], logits: np
 
     Called once per position the engine samples or verifies, for each candidate, always on
     the model's own row: candidates that share one prompt's logits get a copy each, so a
-    constraint need not be idempotent."""
+    constraint need not be idempotent. A row after a pending token the constraint refuses
+    may be left as it is: verification stops at the earlier row, where that token was
+    masked out, and never reads it."""
 
 
 @hookspec(firstresult=True)
@@ -287,6 +289,18 @@ def reame_add_options(parser: argparse.ArgumentParser) -> None:
     given on the command line lands in ``settings.plugins[section][key]``, over the
     environment and the config file. Flags are parsed before the settings say which
     plugins are disabled, so every installed plugin adds its flags.
+    """
+
+
+@hookspec
+def reame_add_request_options(parser: argparse.ArgumentParser) -> None:
+    """Add flags to `reame run` for request fields this plugin claims
+    (``reame_request_extensions``), as the API takes them in a request's body.
+
+    A flag's ``dest`` is ``"extensions.<field>"``; the value it parses to (after its
+    ``type``, which may read a file) becomes ``extensions[field]`` of each request the run
+    makes, checked like an API request's (``reame_check_request``). `reame run` is the only
+    command that generates, so the only one that gets these flags.
     """
 
 

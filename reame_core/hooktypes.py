@@ -66,6 +66,13 @@ class Vocabulary(Protocol):
         """Every token's bytes, indexed by token id, control tokens as written."""
         ...
 
+    def control_tokens(self) -> frozenset[int]:
+        """The tokens that are markup rather than text: llama.cpp's control tokens, and
+        user-defined tokens written as a tag (``<tool_call>``), which chat templates use the
+        same way. A grammar engine keeps them apart from the text tokens that spell the
+        same characters."""
+        ...
+
 
 @dataclass(frozen=True)
 class ModelInfo:

@@ -77,6 +77,9 @@ class FakeVocabulary:
     def pieces(self) -> Sequence[bytes]:
         return [self.token_bytes(token, special=True) for token in range(N_VOCAB)]
 
+    def control_tokens(self) -> frozenset[int]:
+        return frozenset(SPECIALS.values())
+
 
 class FakeBackend:
     """See the module docstring. `eos_every`: roughly one context in N ends greedily.

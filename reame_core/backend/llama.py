@@ -144,6 +144,7 @@ class LlamaVocabulary:
         self._pieces: dict[tuple[int, bool], bytes] = {}  # filled lazily; races only repeat work
         self._all: list[bytes] | None = None
         self._all_lock = threading.Lock()
+        self._control: frozenset[int] | None = None
 
     @property
     def n_vocab(self) -> int:
@@ -186,6 +187,22 @@ class LlamaVocabulary:
             if self._all is None:
                 self._all = [self.token_bytes(t, special=True) for t in range(self._n_vocab)]
             return self._all
+
+    def control_tokens(self) -> frozenset[int]:
+        if self._control is None:
+            vocab = self._live()
+            pieces = self.pieces()
+            control = set()
+            for token in range(self._n_vocab):
+                attr = llama_cpp.llama_vocab_get_attr(vocab, token)
+                piece = pieces[token]
+                tag = piece.startswith(b"<") and piece.endswith(b">")
+                if attr & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL or (
+                    attr & llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED and tag
+                ):
+                    control.add(token)
+            self._control = frozenset(control)
+        return self._control
 
     def close(self) -> None:
         self._vocab = None

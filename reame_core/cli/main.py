@@ -3,7 +3,8 @@ the commands plugins add.
 
 Flags are turned into `Settings` overrides (flags win over env and the config file); the
 subcommands then start the same runtime the server uses. Plugins add flags for their own
-settings (hook `reame_add_options`) and whole commands (hook `reame_add_commands`).
+settings (hook `reame_add_options`), flags of `reame run` for the request fields they claim
+(hook `reame_add_request_options`) and whole commands (hook `reame_add_commands`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from reame_core.plugins import PluginHost
 from reame_core.settings import Settings
 
 PLUGIN_SETTING = "plugins."  # prefix of the `dest` of a flag that sets a plugin's setting
+REQUEST_FIELD = "extensions."  # prefix of the `dest` of a flag that sets a request field
 
 
 def _settings_flags(parser: argparse.ArgumentParser, plugins: PluginHost | None) -> None:
@@ -114,6 +116,8 @@ def build_parser(plugins: PluginHost | None = None) -> argparse.ArgumentParser:
         help="print the configuration this run would use, and why, then exit",
     )
     _sampling_flags(run)
+    if plugins is not None:
+        plugins.hook.reame_add_request_options(parser=run)
     _engine_flags(run, plugins)
 
     serve = commands.add_parser("serve", help="serve the OpenAI-compatible API")
@@ -226,6 +230,15 @@ def settings_from(args: argparse.Namespace, **extra: Any) -> Settings:
     overrides["plugins"] = sections or None
     overrides.update(extra)
     return Settings.load(getattr(args, "config", None), **overrides)
+
+
+def request_extensions(args: argparse.Namespace) -> dict[str, Any]:
+    """The request fields set by flags of `reame_add_request_options`."""
+    return {
+        dest.removeprefix(REQUEST_FIELD): value
+        for dest, value in vars(args).items()
+        if dest.startswith(REQUEST_FIELD) and value is not None
+    }
 
 
 def split_model_and_prompt(words: Sequence[str]) -> tuple[str | None, str]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 from reame_core.chat import encode_chat
+from reame_core.cli.main import request_extensions
 from reame_core.errors import ContextOverflowError, RequestError
 from reame_core.request import GenerationRequest, SamplingParams, TokenEvent, context_room
 from reame_core.runtime import Runtime, start_runtime
@@ -26,9 +27,13 @@ HELP = """Commands:
 
 @dataclass
 class Conversation:
+    """The chat so far, and what each of its requests asks: sampling and the request fields
+    plugins' flags set (a grammar, a schema)."""
+
     params: SamplingParams
     system: str | None = None
     messages: list[dict[str, str]] = field(default_factory=list)
+    extensions: dict[str, Any] = field(default_factory=dict)
 
     def with_system(self) -> list[dict[str, str]]:
         head = [{"role": "system", "content": self.system}] if self.system else []
@@ -41,7 +46,7 @@ def run_command(settings: Settings, args: argparse.Namespace, prompt: str) -> in
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
     )
-    conversation = Conversation(params, args.system)
+    conversation = Conversation(params, args.system, extensions=request_extensions(args))
     runtime = start_runtime(settings)
     try:
         if text or not sys.stdin.isatty():
@@ -69,7 +74,9 @@ def reply(runtime: Runtime, conversation: Conversation, out: TextIO) -> str:
 
     # The conversation is a session: its KV stays pinned, and is made exactly reusable
     # while the user types the next turn.
-    request = GenerationRequest(tokens, params, session_id="reame-run")
+    request = GenerationRequest(
+        tokens, params, extensions=conversation.extensions, session_id="reame-run"
+    )
     try:
         finished = runtime.engine.generate(request, on_event=show)
     except ContextOverflowError as error:

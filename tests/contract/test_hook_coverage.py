@@ -66,6 +66,8 @@ CONTRACT = {
     # command line
     "reame_add_options": "tests/unit/test_cli.py::"
     "test_plugin_flag_sets_the_plugin_setting_over_the_environment",
+    "reame_add_request_options": "tests/unit/test_cli.py::"
+    "test_plugin_request_flag_sets_the_field_of_each_request_the_run_makes",
     "reame_add_commands": "tests/unit/test_cli.py::"
     "test_plugin_command_runs_with_settings_and_plugin_flags",
 }

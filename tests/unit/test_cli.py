@@ -235,6 +235,48 @@ def test_plugin_command_runs_with_settings_and_plugin_flags(
     assert painter.painted[0].log_level == "error"
 
 
+class Tagger:
+    """A plugin with a request field of its own, set on `reame run` by a flag."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, object]] = []
+
+    @hookimpl
+    def reame_request_extensions(self) -> dict[str, str]:
+        return {"tag": "a label for the request"}
+
+    @hookimpl
+    def reame_add_request_options(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--tag", dest="extensions.tag", type=str.upper)
+
+    @hookimpl
+    def reame_sequence_started(self, seq: SequenceView) -> None:
+        self.seen.append(dict(seq.extensions))
+
+
+def test_plugin_request_flag_sets_the_field_of_each_request_the_run_makes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tagger = Tagger()
+    host = PluginHost(discover=False)
+    host.register(tagger, "tagger")
+    monkeypatch.setattr(cli_main, "PluginHost", lambda: host)
+    monkeypatch.setattr(
+        cli_run,
+        "start_runtime",
+        lambda settings: start_runtime(settings, backend=FakeBackend(), plugins=host),
+    )
+    monkeypatch.setattr("sys.stdin", _Stdin("", tty=True))
+
+    status = cli_main.main(["run", "--tag", "urgent", "--max-tokens", "3", "hello"])
+    untagged = cli_main.main(["run", "--max-tokens", "3", "hello"])
+
+    assert status == untagged == 0
+    assert tagger.seen == [{"tag": "URGENT"}, {}]
+    with pytest.raises(SystemExit):  # a request field, not a setting: only `run` has it
+        cli_main.build_parser(host).parse_args(["serve", "--tag", "x"])
+
+
 def test_repl_keeps_the_conversation_and_reuses_its_kv(fake_runtime: list[Runtime]) -> None:
     runtime = start_runtime(Settings(), backend=FakeBackend(), plugins=PluginHost(discover=False))
     try:

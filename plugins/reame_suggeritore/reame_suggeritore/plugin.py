@@ -1,33 +1,45 @@
-"""The `suggeritore` plugin's hook implementations.
+"""The `suggeritore` plugin's hooks: structured output, and the grammar as a draft source.
 
-This release registers the plugin and validates its ``[plugins.suggeritore]`` settings
-section; the feature itself (grammar drafts and structured output) is not active yet, and
-the plugin says so rather than claiming it. It claims its request fields and refuses a
-request that asks for structured output with a message naming the field, rather than
-letting it pass unhonoured; plain text (``response_format: {"type": "text"}``) passes.
+Who does what, on which thread:
+
+- `reame_configure` (the starting thread): the model's vocabulary becomes an llguidance
+  tokenizer, once per model (`tokenizer`), and a `GrammarCache` over it;
+- `reame_check_request` (the submitting thread): the request's fields become one grammar
+  (`request_grammar`), compiled and checked (`grammars`): a bad one is a 400 naming its
+  field before the request is queued;
+- the engine thread: each constrained sequence gets a `Constraint` when it starts, kept by
+  `seq.key` until it finishes; it masks the sequence's rows, follows its committed tokens,
+  and proposes the tokens its grammar forces as drafts, which the model verifies like any
+  other source's.
+
+The `Suggeritore` instance owns the tokenizer, the cache and every sequence's constraint.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import argparse
+import time
+from collections.abc import Mapping, Sequence
 
+import numpy as np
+import structlog
 from pydantic import BaseModel, ConfigDict
 
 from reame_core.errors import RequestError
 from reame_core.hookspecs import hookimpl
-from reame_core.hooktypes import ModelInfo
+from reame_core.hooktypes import DraftProposal, DraftRequest, ModelInfo, SequenceView
 from reame_core.request import GenerationRequest
 from reame_core.settings import Settings
+from reame_suggeritore import cli
+from reame_suggeritore.constraint import Constraint
+from reame_suggeritore.grammars import GrammarCache
+from reame_suggeritore.request_grammar import FIELDS, Grammar, requested_grammar
+from reame_suggeritore.tokenizer import build_tokenizer, end_of_sequence
+
+log = structlog.get_logger(__name__)
 
 NAME = "suggeritore"
-DISTRIBUTION = "reame-suggeritore"
-REQUEST_FIELDS = {
-    "grammar": "a GBNF grammar the output must follow",
-    "json_schema": "a JSON schema the output must follow",
-    "regex": "a regular expression the output must match",
-    "response_format": "OpenAI's structured output: json_object or json_schema",
-}
+REQUEST_FIELDS = FIELDS
 
 
 class SuggeritoreSettings(BaseModel):
@@ -36,34 +48,135 @@ class SuggeritoreSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-@hookimpl
-def reame_configure(settings: Settings, model: ModelInfo) -> None:
-    settings.plugin_section(NAME, SuggeritoreSettings)
+class Suggeritore:
+    """See the module docstring. One instance serves one runtime at a time."""
 
+    def __init__(self) -> None:
+        self._model: ModelInfo | None = None
+        self._grammars: GrammarCache | None = None
+        self._constraints: dict[int, Constraint] = {}
+        self.tokenizer_seconds = 0.0
 
-@hookimpl
-def reame_request_extensions() -> Mapping[str, str]:
-    return REQUEST_FIELDS
+    # ------------------------------------------------------------ command line
 
+    @hookimpl
+    def reame_add_request_options(self, parser: argparse.ArgumentParser) -> None:
+        cli.add_request_options(parser)
 
-@hookimpl
-def reame_check_request(request: GenerationRequest, model: ModelInfo) -> None:
-    for field, value in request.extensions.items():
-        if field in REQUEST_FIELDS and not _asks_nothing(field, value):
+    # ---------------------------------------------------------------- lifecycle
+
+    @hookimpl
+    def reame_configure(self, settings: Settings, model: ModelInfo) -> None:
+        settings.plugin_section(NAME, SuggeritoreSettings)
+        self._constraints.clear()
+        if self._model is not None and self._model.fingerprint == model.fingerprint:
+            self._model = model  # the same vocabulary: its tokenizer and grammars still hold
+            return
+        started = time.perf_counter()
+        tokenizer = build_tokenizer(model)
+        self.tokenizer_seconds = time.perf_counter() - started
+        self._model = model
+        self._grammars = GrammarCache(tokenizer)
+        log.info(
+            "grammar tokenizer ready",
+            tokens=tokenizer.vocab_size,
+            seconds=round(self.tokenizer_seconds, 3),
+        )
+
+    @hookimpl
+    def reame_request_extensions(self) -> Mapping[str, str]:
+        return REQUEST_FIELDS
+
+    @hookimpl
+    def reame_check_request(self, request: GenerationRequest, model: ModelInfo) -> None:
+        grammar = requested_grammar(request)
+        if grammar is None:
+            return
+        if request.params.ignore_eos:
             raise RequestError(
-                f"'{field}' needs structured output: the {NAME} plugin ({DISTRIBUTION}) is "
-                "installed but not active in this release.",
-                param=field,
+                f"'ignore_eos' cannot apply to a structured answer ('{grammar.field}'): it "
+                "ends where its grammar does.",
+                param="ignore_eos",
             )
+        self._cache().check(grammar)
+
+    @hookimpl
+    def reame_sequence_started(self, seq: SequenceView) -> None:
+        grammar = _grammar_of(seq)
+        if grammar is None or self._model is None:
+            return
+        model = self._model
+        grammars = self._cache()
+        try:
+            matcher = grammars.matcher(grammar)  # compiled when the request was checked
+        except RequestError as error:  # only if the check was skipped
+            log.error("grammar cannot be used", request=seq.request_id, error=error.message)
+            return
+        self._constraints[seq.key] = Constraint(
+            matcher,
+            mask_bits=grammars.tokenizer.vocab_size,
+            eos=end_of_sequence(model),
+            eog=model.eog,
+            request_id=seq.request_id,
+        )
+
+    @hookimpl
+    def reame_generation_finished(self, seq: SequenceView, finish_reason: str, text: str) -> None:
+        self._constraints.pop(seq.key, None)
+
+    # ----------------------------------------------------------- the sequences
+
+    @hookimpl
+    def reame_constrain_logits(
+        self, seq: SequenceView, pending: Sequence[int], logits: np.ndarray
+    ) -> None:
+        constraint = self._constraints.get(seq.key)
+        if constraint is not None:
+            constraint.constrain(pending, logits)
+
+    @hookimpl
+    def reame_tokens_committed(self, seq: SequenceView, tokens: Sequence[int]) -> None:
+        constraint = self._constraints.get(seq.key)
+        if constraint is not None:
+            constraint.commit(tokens)
+
+    @hookimpl
+    def reame_propose_drafts(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]:
+        proposals = []
+        for request in requests:
+            constraint = self._constraints.get(request.seq.key)
+            if constraint is None:
+                continue
+            tokens = constraint.forced(request.max_tokens)
+            if tokens:
+                proposals.append(DraftProposal(request.seq, NAME, tokens))
+        return proposals
+
+    # ---------------------------------------------------------------- reporting
+
+    @hookimpl
+    def reame_describe(self) -> str:
+        return (
+            "structured output (response_format, json_schema, grammar, regex), and the "
+            "tokens a grammar forces proposed as drafts"
+        )
+
+    def _cache(self) -> GrammarCache:
+        if self._grammars is None:
+            raise RequestError("Structured output is not ready: no model is loaded yet.")
+        return self._grammars
 
 
-def _asks_nothing(field: str, value: Any) -> bool:
-    """A null field, or ``response_format: {"type": "text"}``: what every request gets."""
-    if value is None:
-        return True
-    return field == "response_format" and isinstance(value, dict) and value.get("type") == "text"
+def _grammar_of(seq: SequenceView) -> Grammar | None:
+    """The grammar of the request `seq` answers, derived again from its fields (the same
+    text as at its check, so the compiled grammar is found in the cache)."""
+    request = GenerationRequest(
+        seq.prompt_tokens, seq.params, extensions=seq.extensions, request_id=seq.request_id
+    )
+    try:
+        return requested_grammar(request)
+    except RequestError:  # refused at its check; a request that skipped it runs free
+        return None
 
 
-@hookimpl
-def reame_describe() -> str:
-    return "grammar drafts and structured output: not active in this release"
+plugin = Suggeritore()

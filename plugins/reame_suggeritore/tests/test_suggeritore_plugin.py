@@ -1,15 +1,21 @@
 from __future__ import annotations
 
+import io
+import json
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 from litestar.testing import TestClient
 from pydantic import ValidationError
 
 from reame_core.backend.fake import FakeBackend
-from reame_core.errors import RequestError
+from reame_core.cli import main as cli_main
+from reame_core.cli import run as cli_run
 from reame_core.plugins import PluginHost
-from reame_core.request import GenerationRequest, SamplingParams
 from reame_core.runtime import start_runtime
 from reame_core.server.app import create_app
 from reame_core.server.service import ServerState
@@ -25,9 +31,10 @@ def test_suggeritore_is_discovered_through_its_entry_point() -> None:
     assert "reame_configure" in record.hooks
 
 
-def test_suggeritore_does_not_claim_a_feature_it_does_not_have() -> None:
+def test_suggeritore_says_what_it_does() -> None:
     record = next(r for r in PluginHost().records() if r.name == "suggeritore")
-    assert "not active" in record.description
+    assert "structured output" in record.description
+    assert "drafts" in record.description
 
 
 def test_suggeritore_can_be_disabled_per_deployment() -> None:
@@ -45,83 +52,165 @@ def test_suggeritore_refuses_unknown_settings() -> None:
 
 # ------------------------------------------------------------------ requests
 
-STRUCTURED = [
-    ("grammar", 'root ::= "yes" | "no"'),
-    ("json_schema", {"type": "object"}),
-    ("regex", "[a-z]+"),
-    ("response_format", {"type": "json_object"}),
-    ("response_format", {"type": "json_schema", "json_schema": {"type": "object"}}),
-]
 
-
-def check(host: PluginHost, **extensions: Any) -> None:
-    prompt = FakeBackend().tokenize("Answer.", add_special=True, parse_special=False)
-    request = GenerationRequest(prompt, SamplingParams(max_tokens=4), extensions=extensions)
-    host.hook.reame_check_request(request=request, model=FakeBackend().info)
-
-
-def test_suggeritore_claims_its_request_fields() -> None:
+def test_suggeritore_claims_its_request_fields_only() -> None:
     claimed: dict[str, str] = {}
     for fields in PluginHost().hook.reame_request_extensions():
         claimed.update(fields)
 
     assert {"grammar", "json_schema", "regex", "response_format"} <= set(claimed)
+    assert not {"tools", "tool_choice", "parallel_tool_calls"} & set(
+        suggeritore_plugin.REQUEST_FIELDS
+    )
 
 
-@pytest.mark.parametrize(("field", "value"), STRUCTURED)
-def test_structured_output_is_refused_naming_the_field_and_saying_it_is_not_active(
-    field: str, value: Any
-) -> None:
-    with pytest.raises(RequestError) as refused:
-        check(PluginHost(), **{field: value})
-
-    assert refused.value.param == field
-    assert f"'{field}'" in refused.value.message
-    assert "installed but not active in this release" in refused.value.message
+def serve(host: PluginHost) -> Iterator[TestClient[Any]]:
+    server = ServerState(Settings())
+    with TestClient(create_app(server)) as client:
+        server.runtime = start_runtime(Settings(), backend=FakeBackend(), plugins=host)
+        try:
+            yield client
+        finally:
+            server.runtime.close()
 
 
-@pytest.mark.parametrize("value", [{"type": "text"}, None])
-def test_a_plain_text_response_format_passes(value: Any) -> None:
-    check(PluginHost(), response_format=value)
+@pytest.fixture
+def client() -> Iterator[TestClient[Any]]:
+    host = PluginHost(discover=False)
+    host.register(suggeritore_plugin.Suggeritore(), "suggeritore")
+    yield from serve(host)
+
+
+CHAT = {"messages": [{"role": "user", "content": "Answer."}], "max_tokens": 60}
+SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"enum": ["yes", "no"]}, "why": {"type": "string", "maxLength": 20}},
+    "required": ["answer", "why"],
+    "additionalProperties": False,
+}
 
 
 @pytest.mark.parametrize(
     ("route", "body"),
     [
-        ("/v1/completions", {"prompt": "Answer.", "regex": "[a-z]+"}),
-        (
-            "/v1/chat/completions",
-            {
-                "messages": [{"role": "user", "content": "Answer."}],
-                "response_format": {"type": "json_object"},
-            },
-        ),
+        ("/v1/completions", {"prompt": "Answer.", "regex": "(a"}),
+        ("/v1/completions", {"prompt": "Answer.", "grammar": "root ::= ("}),
+        ("/v1/completions", {"prompt": "Answer.", "json_schema": {"type": "nosuch"}}),
+        ("/v1/chat/completions", {**CHAT, "response_format": {"type": "xml"}}),
+        ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema"}}),
+        ("/v1/chat/completions", {**CHAT, "json_schema": SCHEMA, "regex": "[a-z]+"}),
     ],
 )
-def test_the_api_answers_structured_output_with_a_400_naming_the_field(
-    route: str, body: dict[str, Any]
+def test_the_api_answers_a_bad_constraint_with_a_400_naming_the_field(
+    client: TestClient[Any], route: str, body: dict[str, Any]
 ) -> None:
-    host = PluginHost(discover=False)
-    host.register(suggeritore_plugin, "suggeritore")
-    server = ServerState(Settings())
-    with TestClient(create_app(server)) as client:
-        server.runtime = start_runtime(Settings(), backend=FakeBackend(), plugins=host)
-        try:
-            response = client.post(route, json={**body, "max_tokens": 4})
-            plain = client.post(
-                "/v1/chat/completions",
-                json={
-                    "messages": [{"role": "user", "content": "Answer."}],
-                    "response_format": {"type": "text"},
-                    "max_tokens": 4,
-                },
-            )
-        finally:
-            server.runtime.close()
+    response = client.post(route, json={"max_tokens": 4, **body})
 
     assert response.status_code == 400
     error = response.json()["error"]
-    field = next(key for key in body if key not in ("prompt", "messages"))
-    assert error["param"] == field
-    assert "not active in this release" in error["message"]
-    assert plain.status_code == 200
+    asked = [key for key in body if key in suggeritore_plugin.REQUEST_FIELDS]
+    assert error["param"] == asked[-1]
+    assert f"'{error['param']}" in error["message"]
+
+
+def test_the_api_answers_with_json_that_follows_the_schema(client: TestClient[Any]) -> None:
+    body = {
+        **CHAT,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}},
+    }
+
+    response = client.post("/v1/chat/completions", json=body)
+
+    assert response.status_code == 200
+    content = response.json()["choices"][0]["message"]["content"]
+    jsonschema.validate(json.loads(content), SCHEMA)
+
+
+def test_the_api_reports_grammar_drafts_in_timings(client: TestClient[Any]) -> None:
+    body = {**CHAT, "json_schema": SCHEMA, "speculate": "on"}
+
+    response = client.post("/v1/chat/completions", json=body)
+
+    drafts = response.json()["timings"]["drafts"]["suggeritore"]
+    assert drafts["accepted"] == drafts["proposed"] > 0
+
+
+def test_a_plain_text_response_format_passes(client: TestClient[Any]) -> None:
+    response = client.post(
+        "/v1/chat/completions", json={**CHAT, "response_format": {"type": "text"}}
+    )
+
+    assert response.status_code == 200
+
+
+# -------------------------------------------------------------- command line
+
+
+def follows_schema(output: str) -> bool:
+    jsonschema.validate(json.loads(output), SCHEMA)
+    return True
+
+
+def is_a_colour(output: str) -> bool:
+    return output in ("colour: red", "colour: blue")
+
+
+def is_a_code(output: str) -> bool:
+    return re.fullmatch("[a-c]{3}-[0-9]{2}", output) is not None
+
+
+@pytest.mark.parametrize(
+    ("flag", "content", "valid"),
+    [
+        ("--json-schema", json.dumps(SCHEMA), follows_schema),
+        ("--grammar", 'root ::= "colour: " ("red" | "blue")', is_a_colour),
+        ("--regex", None, is_a_code),
+    ],
+)
+def test_reame_run_answers_with_the_structure_its_flag_names(
+    flag: str,
+    content: str | None,
+    valid: Callable[[str], bool],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    host = PluginHost(discover=False)
+    host.register(suggeritore_plugin.Suggeritore(), "suggeritore")
+    monkeypatch.setattr(cli_main, "PluginHost", lambda: host)
+    monkeypatch.setattr(
+        cli_run,
+        "start_runtime",
+        lambda settings: start_runtime(settings, backend=FakeBackend(), plugins=host),
+    )
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    value = "[a-c]{3}-[0-9]{2}"
+    if content is not None:
+        value = str(tmp_path / "structure")
+        Path(value).write_text(content)
+
+    status = cli_main.main(["run", flag, value, "--max-tokens", "120", "Answer."])
+
+    assert status == 0
+    assert valid(capsys.readouterr().out.strip())
+
+
+def test_reame_run_refuses_a_bad_schema_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = PluginHost(discover=False)
+    host.register(suggeritore_plugin.Suggeritore(), "suggeritore")
+    monkeypatch.setattr(cli_main, "PluginHost", lambda: host)
+    monkeypatch.setattr(
+        cli_run,
+        "start_runtime",
+        lambda settings: start_runtime(settings, backend=FakeBackend(), plugins=host),
+    )
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "nosuch"}')
+
+    status = cli_main.main(["run", "--json-schema", str(schema), "Answer."])
+
+    assert status == 1
+    assert "'json_schema'" in capsys.readouterr().err

@@ -1,0 +1,120 @@
+"""One sequence's grammar: what it allows next, what it forces, and where it stands.
+
+The matcher follows the sequence's committed tokens (`commit`). To constrain a row that
+comes after draft tokens still being verified (`pending`), it consumes them for the time
+being and keeps them while the next row's pending extends them, so the k + 1 rows of a
+k-token draft cost k consumptions, not k²; the next commit rolls them back first. A pending
+token the grammar refuses leaves the later rows untouched: verification stops at the row
+whose mask refused it, and never reads them.
+
+Where the grammar is complete only end-of-generation tokens are allowed; where it may end,
+all of the model's end-of-generation tokens are (llguidance knows one EOS token). Drafts
+are the grammar's forced tokens (`compute_ff_tokens`): tokens, not text, so the model
+verifies exactly what it would have been allowed to pick.
+
+A grammar that fails mid-answer (a limit hit while the lexer grows) cannot go on: the
+sequence is then only allowed to end, and that is logged. Nothing here raises, since it
+runs on the engine thread where an exception would fail every request in flight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import llguidance
+import numpy as np
+import structlog
+
+from reame_suggeritore import bitmask
+
+log = structlog.get_logger(__name__)
+
+
+class Constraint:
+    def __init__(
+        self,
+        matcher: llguidance.LLMatcher,
+        *,
+        mask_bits: int,
+        eos: int,
+        eog: frozenset[int],
+        request_id: str,
+    ) -> None:
+        self.matcher = matcher
+        self.eos = eos
+        self.eog = np.array(sorted(eog | {eos}), dtype=np.int64)
+        self.request_id = request_id
+        self._bitmask = np.zeros((mask_bits + 31) // 32, dtype=np.int32)
+        self._pending: list[int] = []  # consumed for a row after drafts, not committed
+        self.failed = False
+
+    # ------------------------------------------------------------- committing
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        """`tokens` follow the sequence for good."""
+        self._settle()
+        if not self.failed and not self.matcher.consume_tokens(list(tokens)):
+            self._fail("a committed token does not follow the grammar")
+
+    # ------------------------------------------------------------ constraining
+
+    def constrain(self, pending: Sequence[int], logits: np.ndarray) -> None:
+        """Edit `logits` (the row after the committed tokens and `pending`) in place."""
+        if self.failed:
+            bitmask.keep_only(logits, self.eog)
+            return
+        if not self._follow(pending):
+            return  # verification stops at an earlier row: this one is never read
+        matcher = self.matcher
+        if matcher.is_stopped():  # complete: it may only end
+            bitmask.keep_only(logits, self.eog)
+            return
+        matcher.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
+        if matcher.is_error():
+            self._fail(matcher.get_error())
+            bitmask.keep_only(logits, self.eog)
+            return
+        bitmask.apply(logits, self._bitmask, self.eos, self.eog)
+
+    def _follow(self, pending: Sequence[int]) -> bool:
+        """Bring the matcher to the committed tokens plus `pending`; False if the grammar
+        refuses one of them."""
+        held = self._pending
+        common = 0
+        for mine, theirs in zip(held, pending, strict=False):
+            if mine != theirs:
+                break
+            common += 1
+        if common < len(held):
+            self.matcher.rollback(len(held) - common)
+            del held[common:]
+        rest = list(pending[common:])
+        if rest:
+            taken = self.matcher.try_consume_tokens(rest)
+            held.extend(rest[:taken])
+            return taken == len(rest)
+        return True
+
+    def _settle(self) -> None:
+        if self._pending:
+            self.matcher.rollback(len(self._pending))
+            self._pending.clear()
+
+    # ---------------------------------------------------------------- drafting
+
+    def forced(self, limit: int) -> tuple[int, ...]:
+        """The tokens the grammar forces next (at most `limit`), as a draft."""
+        self._settle()
+        if self.failed or self.matcher.is_stopped():
+            return ()
+        return tuple(self.matcher.compute_ff_tokens()[:limit])
+
+    # ------------------------------------------------------------------ failing
+
+    def _fail(self, reason: str) -> None:
+        self.failed = True
+        log.error(
+            "grammar failed mid-answer; the answer ends here, incomplete",
+            request=self.request_id,
+            reason=" ".join(reason.split())[:300],
+        )

@@ -1,0 +1,74 @@
+"""One sequence's constraint on its own: pending drafts, completion, failure."""
+
+from __future__ import annotations
+
+import llguidance
+import numpy as np
+import structlog
+
+from reame_core.backend.fake import EOS, IM_END, N_VOCAB, FakeBackend
+from reame_suggeritore.constraint import Constraint
+from reame_suggeritore.grammars import GrammarCache
+from reame_suggeritore.request_grammar import Grammar
+from reame_suggeritore.tokenizer import build_tokenizer
+
+
+def constraint(regex: str) -> Constraint:
+    tokenizer = build_tokenizer(FakeBackend().info)
+    grammar = Grammar("regex", llguidance.LLMatcher.grammar_from_regex(regex))
+    return Constraint(
+        GrammarCache(tokenizer).matcher(grammar),
+        mask_bits=tokenizer.vocab_size,
+        eos=EOS,
+        eog=frozenset({EOS, IM_END}),
+        request_id="req-test",
+    )
+
+
+def allowed(c: Constraint, pending: tuple[int, ...] = ()) -> set[int]:
+    row = np.zeros(N_VOCAB, dtype=np.float32)
+    c.constrain(pending, row)
+    return {int(t) for t in np.flatnonzero(np.isfinite(row))}
+
+
+def test_rows_after_pending_drafts_are_constrained_as_if_committed() -> None:
+    c = constraint("ab[cd]")
+
+    assert allowed(c) == {ord("a")}
+    assert allowed(c, (ord("a"),)) == {ord("b")}
+    assert allowed(c, (ord("a"), ord("b"))) == {ord("c"), ord("d")}
+    assert allowed(c) == {ord("a")}  # the pending tokens were rolled back
+
+
+def test_a_refused_pending_token_leaves_the_row_alone() -> None:
+    c = constraint("ab")
+
+    assert allowed(c, (ord("x"),)) == set(range(N_VOCAB))
+    c.commit([ord("a")])
+    assert allowed(c) == {ord("b")}
+
+
+def test_a_complete_answer_may_only_end_on_any_end_of_generation_token() -> None:
+    c = constraint("ab")
+    c.commit([ord("a"), ord("b")])
+
+    assert allowed(c) == {EOS, IM_END}
+    assert c.forced(8) == ()
+
+
+def test_forced_tokens_are_the_grammars_only_way_on() -> None:
+    c = constraint("hello (world|there)")
+
+    assert bytes(c.forced(16)) == b"hello "
+    assert bytes(c.forced(3)) == b"hel"
+
+
+def test_a_token_that_breaks_the_grammar_ends_the_answer_and_is_logged() -> None:
+    c = constraint("ab")
+
+    with structlog.testing.capture_logs() as logs:
+        c.commit([ord("z")])
+
+    assert c.failed
+    assert allowed(c) == {EOS, IM_END}
+    assert logs[0]["request"] == "req-test"
