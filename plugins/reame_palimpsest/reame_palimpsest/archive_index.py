@@ -44,6 +44,7 @@ MAX_DRAFT = 64  # tokens a draft may have
 CANDIDATES = 64  # most recent occurrences of a k-gram compared
 _MUL = np.uint64(0x100000001B3)  # FNV-1a's 64-bit prime
 _MASK = (1 << 64) - 1
+_POWERS = [pow(int(_MUL), j, 1 << 64) for j in range(MAX_MATCH + 1)]
 _BACK = np.arange(1, MAX_MATCH + 1, dtype=np.int64)
 _AHEAD = np.arange(MAX_DRAFT, dtype=np.int64)
 
@@ -84,14 +85,15 @@ class ArchiveIndex:
         """The longest match of the end of `tail` (uint32, at most MAX_MATCH tokens, most
         recent last), with the most recent occurrences that match that long."""
         reverse = tail[::-1]
+        hashes = suffix_hashes(tail, self.anchors[0])
         for k, (keys, ends) in zip(self.anchors, self._tables, strict=True):
             if len(tail) < k:
                 continue
-            key = np.uint64(hash_tokens(tail[len(tail) - k :]))
-            hi = int(np.searchsorted(keys, key, side="right"))
-            lo = int(np.searchsorted(keys, key, side="left"))
-            if lo == hi:
+            key = np.uint64(hashes[k])
+            lo = int(keys.searchsorted(key, side="left"))
+            if lo == len(keys) or keys[lo] != key:
                 continue
+            hi = int(keys.searchsorted(key, side="right"))
             found = ends[max(lo, hi - CANDIDATES) : hi]
             before = self.tokens[found[:, None] - _BACK[: len(reverse)]]
             same = before == reverse
@@ -152,12 +154,15 @@ def continuation(rows: np.ndarray, min_share: float) -> tuple[int, ...]:
     return tuple(drafted)
 
 
-def hash_tokens(tokens: Sequence[int] | np.ndarray) -> int:
-    """The k-gram hash the tables hold, for one k-gram."""
+def suffix_hashes(tail: np.ndarray, longest: int) -> list[int]:
+    """The hash of the last k tokens of `tail`, at index k, for every k up to `longest`
+    (as far as `tail` goes): one pass from the end, extending each hash to the left."""
+    hashes = [0]
     h = 0
-    for token in tokens:
-        h = (h * int(_MUL) + int(token) + 1) & _MASK
-    return h
+    for j, token in enumerate(reversed(tail[max(0, len(tail) - longest) :].tolist())):
+        h = (h + (token + 1) * _POWERS[j]) & _MASK
+        hashes.append(h)
+    return hashes
 
 
 def _table(tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -7,11 +7,12 @@ replaces whole, never edits: no lock on the engine's path. Until the first index
 start-up never waits for the archive.
 
 Two indexes, like a two-level log-structured tree: `main` over the records known at the
-last full build, and `fresh` over those since, rebuilt in milliseconds whenever records
-arrive. When `fresh` outgrows a quarter of `main` (or a segment vanished: evicted or
-purged, its records must go), `main` is rebuilt from every record, newest first up to
-`memory_tokens`, and `fresh` starts empty. A full build of millions of tokens takes a
-second or two here, and runs at a lower CPU priority than decoding.
+last full build, and `fresh` over those since, rebuilt whenever records arrive (at most
+`FRESH_TOKENS` tokens: tens of milliseconds). When `fresh` outgrows that, or a segment
+vanished (evicted or purged: its records must go), `main` is rebuilt from every record,
+newest first up to `memory_tokens`, and `fresh` starts empty. A full build takes about
+0.4 s per million tokens here (benchmarks/palimpsest_lookup.py), at a lower CPU priority
+than decoding. At start only the newest segments are read, enough for `memory_tokens`.
 
 Every failure is counted and the thread lives on: a failed append (disk full) pauses
 recording for `retry_after_s`, and is logged once; reading and drafting go on.
@@ -41,8 +42,7 @@ log = structlog.get_logger(__name__)
 
 THREAD_NICENESS = 10
 MAX_PENDING_RECORDS = 1024
-FRESH_SHARE = 0.25  # `fresh` may hold this share of `main` (or FRESH_MIN tokens) ...
-FRESH_MIN = 65_536  # ... before a full build
+FRESH_TOKENS = 65_536  # `fresh` holds at most this many tokens before a full build
 
 
 @dataclass
@@ -158,7 +158,7 @@ class Archivist:
             self.ready.set()
             self._drain_until_stop()
             return
-        self._poll()
+        self._poll(limit_tokens=self.memory_tokens)
         self._build(full=True)
         self.ready.set()
         log.info(
@@ -221,11 +221,11 @@ class Archivist:
         self.counters.tokens_written += len(pending.tokens)
         return True
 
-    def _poll(self) -> bool:
+    def _poll(self, *, limit_tokens: int | None = None) -> bool:
         """Read other writers' new records; True if anything changed."""
         assert self.directory is not None
         try:
-            found, vanished = self.directory.poll()
+            found, vanished = self.directory.poll(limit_tokens)
         except OSError as error:
             self._failed(error)
             return False
@@ -246,9 +246,7 @@ class Archivist:
     def _needs_full_build(self) -> bool:
         if self._main_count < 0:
             return True
-        main = sum(len(r.tokens) for _, r in self._records[: self._main_count])
-        fresh = sum(len(r.tokens) for _, r in self._records[self._main_count :])
-        return fresh > max(FRESH_MIN, FRESH_SHARE * main)
+        return sum(len(r.tokens) for _, r in self._records[self._main_count :]) > FRESH_TOKENS
 
     def _build(self, *, full: bool) -> None:
         started = time.perf_counter()

@@ -153,7 +153,7 @@ class Palimpsest:
             self.not_recorded += 1
             return
         keep = self.settings.prompt_tokens
-        prompt = seq.prompt_tokens[len(seq.prompt_tokens) - keep :] if keep else []
+        prompt = seq.prompt_tokens[max(0, len(seq.prompt_tokens) - keep) :] if keep else []
         tokens = np.fromiter((*prompt, *output), dtype=np.uint32, count=len(prompt) + len(output))
         archivist.submit(tokens, len(prompt))
 

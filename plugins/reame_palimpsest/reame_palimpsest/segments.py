@@ -155,9 +155,11 @@ class SegmentDirectory:
 
     # ------------------------------------------------------------- reading
 
-    def poll(self) -> tuple[list[tuple[str, Record]], set[str]]:
-        """Records appended by other writers since the last poll, each with its segment's
-        name, and the names of segments that vanished since."""
+    def poll(self, limit_tokens: int | None = None) -> tuple[list[tuple[str, Record]], set[str]]:
+        """Records appended by other writers since the last poll, oldest first, each with
+        its segment's name, and the names of segments that vanished since. With
+        `limit_tokens` (the first poll of a large archive) segments are read newest first
+        until they hold that many tokens; older final segments are passed over for good."""
         names = {p.name for p in self.path.glob(f"*{SUFFIX}")}
         vanished = set(self._tracked) - names
         for name in vanished:
@@ -166,16 +168,24 @@ class SegmentDirectory:
         latest: dict[str, int] = {}
         for segment in parsed.values():
             latest[segment.writer] = max(latest.get(segment.writer, 0), segment.number)
-        found: list[tuple[str, Record]] = []
+        # Writers' names start with their start time: this is the order records were made.
         ordered = sorted(parsed.items(), key=lambda item: (item[1].writer, item[1].number))
-        for name, segment in ordered:  # writers' names start with their start time
+        by_segment: list[list[tuple[str, Record]]] = []
+        held = 0
+        for name, segment in reversed(ordered):
             if segment.writer == self.writer:
                 continue
             tracked = self._tracked.setdefault(name, _Tracked())
             if tracked.final:
                 continue
             final = segment.number < latest[segment.writer] or not _alive(segment)
-            found += [(name, r) for r in self._read(name, tracked, final=final)]
+            if final and limit_tokens is not None and held >= limit_tokens:
+                tracked.final = True  # older than what the index can hold: never read
+                continue
+            records = self._read(name, tracked, final=final)
+            held += sum(len(r.tokens) for r in records)
+            by_segment.append([(name, r) for r in records])
+        found = [item for records in reversed(by_segment) for item in records]
         self.counters.records_read += len(found)
         return found, vanished
 

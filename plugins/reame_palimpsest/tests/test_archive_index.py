@@ -103,18 +103,23 @@ def test_lookup_matches_the_brute_force_reference(
         assert found == expected, anchors
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(records=records_strategy, data=st.data())
-def test_a_tail_cut_from_a_record_drafts_a_prefix_of_what_followed(
+def test_a_draft_continues_an_occurrence_of_the_tails_end(
     records: list[list[int]], data: st.DataObject
 ) -> None:
     record = data.draw(st.sampled_from(records))
     cut = data.draw(st.integers(1, len(record)))
     tail = record[max(0, cut - MAX_MATCH) : cut]
-    drafted = index_draft(records, tail, MAX_DRAFT, factor=2.0, min_share=1.0, anchors=(1,))
-    # With min_share 1.0 the draft is what every longest match continued with: when the
-    # record is the only one with this history, that is its own continuation.
-    assert drafted == tuple(record[cut : cut + len(drafted)]) or len(records) > 1
+    drafted = index_draft(records, tail, MAX_DRAFT, factor=2.0, min_share=0.1, anchors=(1,))
+    if not drafted:
+        return
+    # Somewhere in the archive the tail's last token was followed by the whole draft.
+    assert any(
+        r[end - 1] == tail[-1] and tuple(r[end : end + len(drafted)]) == drafted
+        for r in records
+        for end in range(1, len(r))
+    )
 
 
 def test_the_most_frequent_continuation_wins() -> None:

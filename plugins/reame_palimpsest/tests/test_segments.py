@@ -202,3 +202,20 @@ def test_a_frame_cut_short_waits_for_the_rest_unless_final() -> None:
         assert len(rest.records) == 1 and rest.damaged == 0, cut
         final = record_format.scan(data, final=True)
         assert len(final.records) == 1 and final.damaged == 1 and final.consumed == len(data)
+
+
+def test_a_first_poll_with_a_limit_reads_the_newest_segments_only(tmp_path: Path) -> None:
+    writer = SegmentDirectory(tmp_path, FINGERPRINT, segment_bytes=4096)
+    rng = np.random.default_rng(3)
+    for i in range(60):
+        tokens = np.array([i, *rng.integers(0, 1 << 20, 299)], dtype=np.uint32)
+        writer.append(record_format.encode(tokens, 0))
+    writer.close()
+
+    reader = SegmentDirectory(tmp_path, FINGERPRINT)
+    found, _ = reader.poll(limit_tokens=3000)
+
+    firsts = [int(r.tokens[0]) for _, r in found]
+    assert firsts == sorted(firsts) and firsts[-1] == 59  # the newest, oldest first
+    assert 3000 <= 300 * len(firsts) < 3000 + 300 * 20
+    assert reader.poll() == ([], set())  # the older ones are passed over for good
