@@ -19,11 +19,13 @@ and answer in a few µs plus one vectorised comparison.
 
 The draft: from the matching occurrences, follow the continuation shared by the most of
 them, multiplying each fork's share into the path's probability, and stop where that
-falls below `min_share` (SuffixDecoding's rule; llama.cpp's n-gram cache keeps only the
-most frequent next token, with a minimum share, one token at a time). Its length grows
-with the match: at most `factor` times the match length, since a long match predicts a
-long continuation and a short one a short one; the governor cuts it further to what its
-cost curve says pays on this host.
+falls below `min_share` (SuffixDecoding's rule). llama.cpp's n-gram cache instead counts
+the next token of every 1-4-gram and drafts one token at a time while the most frequent
+has enough samples and share; its contexts are at most 4 tokens, so after a long exact
+match it still drafts as if the match were short. Here the length grows with the match:
+at most `factor` times the match length, since a long match predicts a long continuation
+and a short one a short one; the governor cuts it further to what its cost curve says
+pays on this host.
 
 An index is immutable once built: the archive's thread builds new ones and swaps them
 in, so the engine thread reads without locks.
