@@ -191,9 +191,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as scratch:
             root = Path(scratch)
             if "exact" in args.workloads:
+                without = run("without", "exact", root / "none")
                 first = run("with", "exact", root / "exact")
                 second = run("with", "exact", root / "exact")
-                without = run("without", "exact", root / "none")
                 reps["exact"].append({"first": first, "second": second, "without": without})
             if {"near", "unrelated"} & set(args.workloads):
                 run("with", "near-fill", root / "products")

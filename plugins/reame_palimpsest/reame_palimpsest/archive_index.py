@@ -88,6 +88,9 @@ class ArchiveIndex:
         recent last), with the most recent occurrences that match that long."""
         reverse = tail[::-1]
         hashes = suffix_hashes(tail, self.anchors[0])
+        shortest = self.anchors[-1]
+        if len(tail) < shortest or not self._holds(-1, hashes[shortest]):
+            return None  # every longer match ends with this shortest one: the usual miss
         for k, (keys, ends) in zip(self.anchors, self._tables, strict=True):
             if len(tail) < k:
                 continue
@@ -104,6 +107,11 @@ class ArchiveIndex:
             if best >= k:  # shorter: every occurrence was a hash collision
                 return Match(self, best, found[lengths == best])
         return None
+
+    def _holds(self, table: int, key: int) -> bool:
+        keys = self._tables[table][0]
+        at = int(keys.searchsorted(np.uint64(key)))
+        return at < len(keys) and int(keys[at]) == key
 
 
 def draft(

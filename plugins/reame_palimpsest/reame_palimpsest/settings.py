@@ -42,7 +42,7 @@ class PalimpsestSettings(BaseModel):
     memory_tokens: int = Field(
         4_000_000,
         ge=1024,
-        description="Most tokens the in-memory index holds (about 40 bytes each); the "
+        description="Most tokens the in-memory index holds (about 50 bytes each); the "
         "newest records are indexed first.",
     )
     min_match: int = Field(
