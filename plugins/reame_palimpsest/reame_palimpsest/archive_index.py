@@ -12,10 +12,12 @@ against the sequence, all at once in numpy, to measure how long each match reall
 Longest anchor first, so a long match is found even where its short tail is common.
 
 Why not a suffix array or automaton: a suffix array answers the same question with a
-binary search whose every comparison is a slice of tokens (Python-speed, tens of µs on
-millions of tokens), and a suffix automaton in Python costs hundreds of bytes per token.
-Hash tables cost 12 bytes a token per anchor, build with a handful of vectorised passes,
-and answer in a few µs plus one vectorised comparison.
+binary search whose every comparison is a slice of tokens, at Python speed (measured: 89 µs
+on 1M tokens before counting any continuation, against 25 µs for a whole draft here on
+1M or 4M tokens, and 10 µs for a miss); a suffix automaton in Python costs hundreds of
+bytes per token. The tables cost about 50 bytes a token in all (12 per anchor, plus the
+tokens), build at 0.4 s per million tokens with a few vectorised passes, and answer in
+the same time whatever the archive's size.
 
 The draft: from the matching occurrences, follow the continuation shared by the most of
 them, multiplying each fork's share into the path's probability, and stop where that

@@ -9,8 +9,8 @@ What is recorded: for a candidate that finished "stop" or "length" (never one cu
 "abandoned" by best-of-N selection, "cancelled", "error"), the last `prompt_tokens` tokens
 of its prompt and its whole output, as token ids, under its tokenizer's fingerprint. Not
 recorded: a request that says ``"palimpsest": false`` (nor is it drafted for from the
-archive), or any request when the section says ``record = false``. Drafts never change
-what a request returns: the target model verifies every drafted token.
+archive), or any request when the section says ``record = false``. The target model
+verifies every drafted token, as for every draft source.
 """
 
 from __future__ import annotations
