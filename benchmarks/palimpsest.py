@@ -1,0 +1,263 @@
+"""What the generation archive saves on workloads that repeat themselves, and what it costs
+on those that do not.
+
+Workloads (single stream, greedy, chat prompts; the embedded SmolLM2-135M unless --model):
+  exact      20 requests, then the same 20 again in a new server process: second-pass
+             decode speed against the first pass's (same configuration, archive empty
+             then full) and against the second pass without the archive. Beside it, the
+             ceiling for that pass: the speed of verifying the archive's drafts of the
+             length they had if every token were right, from the governor's own cost curve
+             of the same run: (k + 1) * f(1) / f(k + 1) for mean verified draft length k.
+  near       20 product descriptions from one template, after 20 others from it were
+             generated (and archived): with the archive against without.
+  unrelated  20 general questions, the archive holding the product descriptions: with the
+             archive against without (the cost of looking up and of drafts that miss).
+Configurations: `with` (built-in draft sources and the palimpsest plugin, the governor
+on auto) and `without` (the same, palimpsest disabled). Every pass runs in a fresh
+process (a fresh Reame runtime, its own empty cache directory; the archive directory is
+the rep's). Each rep alternates with/without per workload; the figure is generated tokens
+per second of decoding (prompt time excluded), and ratios are medians of per-rep ratios.
+Outputs of `with` are compared with `without`'s of the same rep, token for token.
+
+    .venv/bin/python benchmarks/palimpsest.py [--reps 3] [--workloads exact near unrelated]
+        [--model PATH] [--name palimpsest]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from reame_core.settings import Settings
+
+TOPICS = (
+    "the history of the bicycle", "how bread is baked", "why leaves change colour",
+    "the life of honey bees", "how a lighthouse works", "the water cycle",
+    "how trains run on time", "the first printing press", "how volcanoes form",
+    "what makes a good map", "how coffee is grown", "the phases of the moon",
+    "how glass is made", "why the sea is salty", "how bridges carry weight",
+    "the migration of swallows", "how paper is recycled", "what a compass does",
+    "how cheese is made", "why we have seasons",
+)  # fmt: skip
+EXACT = tuple(f"Write a short paragraph about {topic}." for topic in TOPICS)
+UNRELATED = tuple(f"Explain in a few sentences {topic}." for topic in reversed(TOPICS))
+PRODUCTS = (
+    ("Harbour lantern", "brass", "gold", 40), ("Alpine stool", "oak", "natural", 65),
+    ("Shepherd blanket", "wool", "grey", 80), ("Garden vase", "glass", "green", 25),
+    ("Market basket", "willow", "brown", 30), ("Reading lamp", "steel", "black", 55),
+    ("Kitchen board", "walnut", "dark brown", 35), ("Tea kettle", "copper", "red", 70),
+    ("Rain jacket", "nylon", "yellow", 90), ("Travel mug", "ceramic", "white", 15),
+    ("Desk clock", "aluminium", "silver", 45), ("Picnic rug", "cotton", "blue", 38),
+    ("Bread tin", "enamel", "cream", 22), ("Wall shelf", "pine", "white", 48),
+    ("Candle holder", "iron", "black", 18), ("Linen apron", "linen", "beige", 28),
+    ("Pocket knife", "steel", "olive", 52), ("Table runner", "jute", "natural", 24),
+    ("Soap dish", "marble", "white", 20), ("Coat hook", "brass", "gold", 12),
+    ("Flower pot", "terracotta", "orange", 16), ("Bath towel", "cotton", "grey", 26),
+    ("Salad bowl", "olive wood", "brown", 42), ("Door mat", "coir", "brown", 19),
+    ("Wine rack", "beech", "natural", 58), ("Sun hat", "straw", "natural", 33),
+    ("Pepper mill", "acacia", "dark brown", 27), ("Key tray", "leather", "tan", 21),
+    ("Garden bench", "teak", "honey", 240), ("Umbrella stand", "zinc", "silver", 64),
+    ("Wool scarf", "merino", "navy", 49), ("Oil lamp", "brass", "bronze", 75),
+    ("Tool box", "steel", "red", 68), ("Bird feeder", "cedar", "natural", 29),
+    ("Photo frame", "oak", "natural", 23), ("Water jug", "stoneware", "blue", 34),
+    ("Laundry bag", "canvas", "white", 17), ("Mirror", "walnut", "dark brown", 110),
+    ("Tea towel", "linen", "striped", 14), ("Clothes brush", "boar bristle", "brown", 31),
+)  # fmt: skip
+TEMPLATE = (
+    "Write a catalogue entry in exactly this format:\n"
+    "Name: <name>\nMaterial: <material>\nColour: <colour>\nPrice: <price> euros\n"
+    "Description: <two sentences for a shop window>\n\n"
+    "Product: {name}. Material: {material}. Colour: {colour}. Price: {price} euros."
+)
+NEAR_FILL = tuple(
+    TEMPLATE.format(name=n, material=m, colour=c, price=p) for n, m, c, p in PRODUCTS[:20]
+)
+NEAR = tuple(TEMPLATE.format(name=n, material=m, colour=c, price=p) for n, m, c, p in PRODUCTS[20:])
+PASSES = {"exact": EXACT, "near-fill": NEAR_FILL, "near": NEAR, "unrelated": UNRELATED}
+WORKLOADS = ("exact", "near", "unrelated")
+MAX_TOKENS = 96
+
+
+def child(
+    config: str, texts_name: str, archive: str, model: str | None, threads: int
+) -> dict[str, Any]:
+    """One pass in this (fresh) process: every request of `texts_name`, one after another."""
+    from reame_core.chat import encode_chat
+    from reame_core.plugins import PluginHost
+    from reame_core.request import GenerationRequest, SamplingParams
+    from reame_core.runtime import start_runtime
+    from reame_palimpsest.plugin import Palimpsest
+
+    plugins = PluginHost(discover=False)
+    plugin = Palimpsest()
+    if config == "with":
+        plugins.register(plugin, "palimpsest")
+    params = SamplingParams(max_tokens=MAX_TOKENS)
+    with tempfile.TemporaryDirectory() as cache:
+        settings = Settings(
+            model=model or Settings().model,
+            threads=threads,
+            speculate="auto",
+            cache_dir=Path(cache),
+            plugins={"palimpsest": {"dir": archive}},
+        )
+        runtime = start_runtime(settings, plugins=plugins)
+        if plugin.archivist is not None:  # steady state: the archive's index is loaded
+            assert plugin.archivist.ready.wait(120)
+        engine, info = runtime.engine, runtime.backend.info
+        results = [
+            engine.generate(
+                GenerationRequest(encode_chat(info, [{"role": "user", "content": t}]), params)
+            )
+            for t in PASSES[texts_name]
+        ]
+        governor = engine.governor
+        source = governor.sources.get("palimpsest")
+        ceiling = None
+        if source is not None and source.drafts:
+            k = source.proposed / source.drafts
+            ceiling = {
+                "mean_verified_draft": round(k, 2),
+                "speedup": round(
+                    (k + 1)
+                    * governor.cost.pass_seconds(1)
+                    / governor.cost.pass_seconds(round(k) + 1),
+                    3,
+                ),
+            }
+        report = governor.report()
+        stats = plugin.reame_collect_stats() if config == "with" else None
+        runtime.close()
+    tokens = sum(r.usage.completion_tokens for r in results)
+    decode_ms = sum(r.usage.predicted_ms for r in results)
+    return {
+        "tok_s": tokens / (decode_ms / 1000),
+        "tokens": tokens,
+        "proposed": _summed([r.usage.draft_proposed for r in results]),
+        "accepted": _summed([r.usage.draft_accepted for r in results]),
+        "outputs": [list(r.candidates[0].tokens) for r in results],
+        "ceiling": ceiling,
+        "pass_ms": report["pass_ms"],
+        "archive": None if stats is None else {
+            k: v for k, v in stats["palimpsest"].items()
+            if k in ("index_tokens", "lookups", "drafts", "lookup_us_mean", "records_written")
+        },
+    }  # fmt: skip
+
+
+def _summed(counts: list[dict[str, int]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for each in counts:
+        for source, n in each.items():
+            total[source] = total.get(source, 0) + n
+    return total
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> str:
+    pairs = list(zip(a["outputs"], b["outputs"], strict=True))
+    return f"{sum(x == y for x, y in pairs)} of {len(pairs)}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", help="model alias or .gguf path (default: embedded)")
+    parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS), choices=WORKLOADS)
+    parser.add_argument("--name", default="palimpsest", help="results file name (no extension)")
+    parser.add_argument("--child", nargs="*")
+    args = parser.parse_args()
+    if args.child is not None:
+        config, texts_name, archive = args.child
+        print(json.dumps(child(config, texts_name, archive, args.model, args.threads)))
+        return
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from common import measure, median_ratio, write_report
+
+    script = str(Path(__file__))
+    extra = ["--threads", str(args.threads), *(["--model", args.model] if args.model else [])]
+
+    def run(config: str, texts_name: str, archive: Path) -> dict[str, Any]:
+        return measure(script, config, texts_name, str(archive), *extra)
+
+    reps: dict[str, list[dict[str, Any]]] = {w: [] for w in args.workloads}
+    for _ in range(args.reps):
+        with tempfile.TemporaryDirectory() as scratch:
+            root = Path(scratch)
+            if "exact" in args.workloads:
+                without = run("without", "exact", root / "none")
+                first = run("with", "exact", root / "exact")
+                second = run("with", "exact", root / "exact")
+                reps["exact"].append({"first": first, "second": second, "without": without})
+            if {"near", "unrelated"} & set(args.workloads):
+                run("with", "near-fill", root / "products")
+            if "near" in args.workloads:
+                reps["near"].append(
+                    {"with": run("with", "near", root / "products"),
+                     "without": run("without", "near", root / "none")}
+                )  # fmt: skip
+            if "unrelated" in args.workloads:
+                reps["unrelated"].append(
+                    {"with": run("with", "unrelated", root / "products"),
+                     "without": run("without", "unrelated", root / "none")}
+                )  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    w: [{k: round(v["tok_s"], 1) for k, v in r[-1].items()}]
+                    for w, r in reps.items()
+                    if r
+                }
+            ),
+            flush=True,
+        )
+
+    report: dict[str, Any] = {"workloads": {}}
+    for workload, runs in reps.items():
+        if not runs:
+            continue
+        rates = {key: [r[key]["tok_s"] for r in runs] for key in runs[0]}
+        row: dict[str, Any] = {
+            key: {"tok_s": round(statistics.median(v), 1), "tok_s_by_rep": [round(x, 1) for x in v]}
+            for key, v in rates.items()
+        }
+        if workload == "exact":
+            row["second_vs_first"] = round(median_ratio(rates["second"], rates["first"]), 3)
+            row["second_vs_without"] = round(median_ratio(rates["second"], rates["without"]), 3)
+            ceilings = [r["second"]["ceiling"]["speedup"] for r in runs if r["second"]["ceiling"]]
+            row["ceiling"] = round(statistics.median(ceilings), 3) if ceilings else None
+            row["share_of_ceiling"] = (
+                round(row["second_vs_first"] / row["ceiling"], 3) if row["ceiling"] else None
+            )
+            row["ceiling_by_rep"] = [r["second"]["ceiling"] for r in runs]
+            row["outputs_identical_to_without"] = [_same(r["second"], r["without"]) for r in runs]
+            mine = "second"
+        else:
+            row["with_vs_without"] = round(median_ratio(rates["with"], rates["without"]), 3)
+            row["outputs_identical_to_without"] = [_same(r["with"], r["without"]) for r in runs]
+            mine = "with"
+        row["accepted_by_source"] = _summed([r[mine]["accepted"] for r in runs])
+        row["proposed_by_source"] = _summed([r[mine]["proposed"] for r in runs])
+        row["archive_by_rep"] = [r[mine]["archive"] for r in runs]
+        row["pass_ms"] = runs[-1][mine]["pass_ms"]
+        report["workloads"][workload] = row
+        print(json.dumps({workload: row}), flush=True)
+
+    report.update(
+        threads=args.threads,
+        reps=args.reps,
+        max_tokens=MAX_TOKENS,
+        model=args.model or "smollm2-135m (embedded, Q4_1)",
+        command=" ".join(["python", "benchmarks/palimpsest.py", *sys.argv[1:]]),
+    )
+    print(f"\nwritten to {write_report(args.name, report)}")
+
+
+if __name__ == "__main__":
+    main()

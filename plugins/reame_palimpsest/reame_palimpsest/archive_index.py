@@ -1,0 +1,194 @@
+"""The searchable form of the archive: where the recent tokens of a sequence occurred
+before, and what followed them there.
+
+Structure, chosen by measurement (benchmarks/palimpsest_lookup.py): the records' tokens
+laid end to end in one uint32 array, a separator after each record, and for a few anchor
+lengths k a table of every k-gram's hash beside the position that follows it, sorted by
+hash and then position. A lookup hashes the sequence's last k tokens, finds their run in
+the table with two binary searches, and compares the most recent occurrences backwards
+against the sequence, all at once in numpy, to measure how long each match really is
+(which also rules out hash collisions). The occurrences that match longest are the
+"node" of SuffixDecoding's suffix tree; what followed them forms its continuation tree.
+Longest anchor first, so a long match is found even where its short tail is common.
+
+Why not a suffix array or automaton: a suffix array answers the same question with a
+binary search whose every comparison is a slice of tokens, at Python speed (measured: 89 µs
+on 1M tokens before counting any continuation, against 25 µs for a whole draft here on
+1M or 4M tokens, and 10 µs for a miss); a suffix automaton in Python costs hundreds of
+bytes per token. The tables cost about 50 bytes a token in all (12 per anchor, plus the
+tokens), build at 0.4 s per million tokens with a few vectorised passes, and answer in
+the same time whatever the archive's size.
+
+The draft: from the matching occurrences, follow the continuation shared by the most of
+them, multiplying each fork's share into the path's probability, and stop where that
+falls below `min_share` (SuffixDecoding's rule). llama.cpp's n-gram cache instead counts
+the next token of every 1-4-gram and drafts one token at a time while the most frequent
+has enough samples and share; its contexts are at most 4 tokens, so after a long exact
+match it still drafts as if the match were short. Here the length grows with the match:
+at most `factor` times the match length, since a long match predicts a long continuation
+and a short one a short one; the governor cuts it further to what its cost curve says
+pays on this host.
+
+An index is immutable once built: the archive's thread builds new ones and swaps them
+in, so the engine thread reads without locks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+SEPARATOR = np.uint32(0xFFFFFFFF)  # ends each record; no k-gram spans it
+ANCHORS = (24, 8, 3)  # k-gram lengths of the tables, longest first
+MAX_MATCH = 64  # tokens compared backwards: longer matches count as this long
+MAX_DRAFT = 64  # tokens a draft may have
+CANDIDATES = 64  # most recent occurrences of a k-gram compared
+_MUL = np.uint64(0x100000001B3)  # FNV-1a's 64-bit prime
+_MASK = (1 << 64) - 1
+_POWERS = [pow(int(_MUL), j, 1 << 64) for j in range(MAX_MATCH + 1)]
+_BACK = np.arange(1, MAX_MATCH + 1, dtype=np.int64)
+_AHEAD = np.arange(MAX_DRAFT, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Match:
+    """Where the sequence's last `length` tokens occurred in one index."""
+
+    index: ArchiveIndex
+    length: int
+    ends: np.ndarray  # positions right after each occurrence: where its continuation starts
+
+    def following(self, limit: int) -> np.ndarray:
+        """The next `limit` tokens after each occurrence, one row each (SEPARATOR past a
+        record's end)."""
+        return self.index.tokens[self.ends[:, None] + _AHEAD[:limit]]
+
+
+class ArchiveIndex:
+    """The records given, oldest first, searchable; see the module docstring."""
+
+    def __init__(self, records: Sequence[np.ndarray], anchors: Sequence[int] = ANCHORS) -> None:
+        pad = np.full(max(MAX_MATCH, MAX_DRAFT), SEPARATOR, dtype=np.uint32)
+        parts: list[np.ndarray] = [pad]
+        for record in records:
+            parts += [np.asarray(record, dtype=np.uint32), pad[:1]]
+        parts.append(pad)
+        self.tokens = np.concatenate(parts)
+        self.n_tokens = int(sum(len(r) for r in records))
+        self.anchors = tuple(sorted(anchors, reverse=True))
+        self._tables = [_table(self.tokens, k) for k in self.anchors]
+
+    @property
+    def nbytes(self) -> int:
+        return self.tokens.nbytes + sum(keys.nbytes + ends.nbytes for keys, ends in self._tables)
+
+    def match(self, tail: np.ndarray) -> Match | None:
+        """The longest match of the end of `tail` (uint32, at most MAX_MATCH tokens, most
+        recent last), with the most recent occurrences that match that long."""
+        reverse = tail[::-1]
+        hashes = suffix_hashes(tail, self.anchors[0])
+        shortest = self.anchors[-1]
+        if len(tail) < shortest or not self._holds(-1, hashes[shortest]):
+            return None  # every longer match ends with this shortest one: the usual miss
+        for k, (keys, ends) in zip(self.anchors, self._tables, strict=True):
+            if len(tail) < k:
+                continue
+            key = np.uint64(hashes[k])
+            lo = int(keys.searchsorted(key, side="left"))
+            if lo == len(keys) or keys[lo] != key:
+                continue
+            hi = int(keys.searchsorted(key, side="right"))
+            found = ends[max(lo, hi - CANDIDATES) : hi]
+            before = self.tokens[found[:, None] - _BACK[: len(reverse)]]
+            same = before == reverse
+            lengths = np.where(same.all(axis=1), len(reverse), same.argmin(axis=1))
+            best = int(lengths.max())
+            if best >= k:  # shorter: every occurrence was a hash collision
+                return Match(self, best, found[lengths == best])
+        return None
+
+    def _holds(self, table: int, key: int) -> bool:
+        keys = self._tables[table][0]
+        at = int(keys.searchsorted(np.uint64(key)))
+        return at < len(keys) and int(keys[at]) == key
+
+
+def draft(
+    tail: np.ndarray,
+    indexes: Sequence[ArchiveIndex],
+    max_tokens: int,
+    *,
+    factor: float,
+    min_share: float,
+) -> tuple[int, ...]:
+    """What most often followed the longest match of `tail` across `indexes` (each
+    searched alone, the longest matches pooled), or () if nothing matched."""
+    matches = [m for index in indexes if (m := index.match(tail)) is not None]
+    if not matches:
+        return ()
+    length = max(m.length for m in matches)
+    limit = min(max_tokens, MAX_DRAFT, max(1, math.ceil(factor * length)))
+    rows = [m.following(limit) for m in matches if m.length == length]
+    return continuation(rows[0] if len(rows) == 1 else np.vstack(rows), min_share)
+
+
+def continuation(rows: np.ndarray, min_share: float) -> tuple[int, ...]:
+    """The most probable path through the tree the rows' prefixes form, while its
+    probability (the product of each fork's winning share) stays at least `min_share`.
+    A row that ends (SEPARATOR) counts against every path beyond it."""
+    drafted: list[int] = []
+    alive = rows
+    probability = 1.0
+    depth = 0
+    width = rows.shape[1]
+    while depth < width and len(alive):
+        # Columns where every live row agrees are taken at once: one fork at a time.
+        agree = (alive[:, depth:] == alive[0, depth:]).all(axis=0) & (alive[0, depth:] != SEPARATOR)
+        run = int(agree.argmin()) if not agree.all() else len(agree)
+        drafted += alive[0, depth : depth + run].tolist()
+        depth += run
+        if depth == width:
+            break
+        column = alive[:, depth]
+        values, counts = np.unique(column[column != SEPARATOR], return_counts=True)
+        if not len(values):
+            break
+        best = int(counts.argmax())
+        probability *= int(counts[best]) / len(alive)
+        if probability < min_share:
+            break
+        alive = alive[column == values[best]]
+        drafted.append(int(values[best]))
+        depth += 1
+    return tuple(drafted)
+
+
+def suffix_hashes(tail: np.ndarray, longest: int) -> list[int]:
+    """The hash of the last k tokens of `tail`, at index k, for every k up to `longest`
+    (as far as `tail` goes): one pass from the end, extending each hash to the left."""
+    hashes = [0]
+    h = 0
+    for j, token in enumerate(reversed(tail[max(0, len(tail) - longest) :].tolist())):
+        h = (h + (token + 1) * _POWERS[j]) & _MASK
+        hashes.append(h)
+    return hashes
+
+
+def _table(tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every k-gram followed by a token, as (sorted hashes, position after each)."""
+    n = len(tokens)
+    wide = tokens.astype(np.uint64) + np.uint64(1)
+    h = np.zeros(n - k, dtype=np.uint64)
+    for j in range(k):
+        h *= _MUL
+        h += wide[j : n - k + j]
+    ends = np.arange(k, n, dtype=np.int64)  # h[i] hashes tokens[i : i + k], ending at i + k
+    separators = np.concatenate(([0], np.cumsum(tokens == SEPARATOR)))
+    clean = separators[k:n] - separators[: n - k] == 0
+    keep = clean & (tokens[k:] != SEPARATOR)
+    keys, ends = h[keep], ends[keep]
+    order = np.lexsort((ends, keys))
+    return keys[order], ends[order]

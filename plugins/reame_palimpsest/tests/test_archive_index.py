@@ -1,0 +1,187 @@
+"""The index against a brute-force reference: every position of every record compared."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reame_palimpsest.archive_index import (
+    ANCHORS,
+    CANDIDATES,
+    MAX_DRAFT,
+    MAX_MATCH,
+    ArchiveIndex,
+    continuation,
+    draft,
+)
+
+# A small alphabet makes matches, forks and repeats common.
+records_strategy = st.lists(
+    st.lists(st.integers(0, 5), min_size=1, max_size=60), min_size=1, max_size=12
+)
+tail_strategy = st.lists(st.integers(0, 5), min_size=1, max_size=MAX_MATCH)
+
+
+def reference_draft(
+    records: Sequence[Sequence[int]],
+    tail: Sequence[int],
+    max_tokens: int,
+    *,
+    factor: float,
+    min_share: float,
+    anchors: Sequence[int] = ANCHORS,
+) -> tuple[int, ...]:
+    """What the index must propose, computed by comparing `tail` with every position."""
+    occurrences = []  # (match length, record, position after the match), oldest first
+    for r, record in enumerate(records):
+        for end in range(len(record)):  # something follows: record[end]
+            length = 0
+            while length < min(len(tail), end) and record[end - 1 - length] == tail[-1 - length]:
+                length += 1
+            occurrences.append((length, r, end))
+    longest = max((length for length, _, _ in occurrences), default=0)
+    anchor = max((k for k in anchors if k <= longest), default=None)
+    if anchor is None:
+        return ()
+    # The index compares only the most recent occurrences of the anchor's k-gram.
+    recent = [o for o in occurrences if o[0] >= anchor][-CANDIDATES:]
+    best = max(length for length, _, _ in recent)
+    limit = min(max_tokens, MAX_DRAFT, max(1, math.ceil(factor * best)))
+    paths = [list(records[r][end : end + limit]) for length, r, end in recent if length == best]
+    drafted: list[int] = []
+    probability = 1.0
+    for depth in range(limit):
+        counts = Counter(path[depth] for path in paths if len(path) > depth)
+        if not counts:
+            break
+        token, count = max(counts.items(), key=lambda item: (item[1], -item[0]))
+        probability *= count / len(paths)
+        if probability < min_share:
+            break
+        drafted.append(token)
+        paths = [path for path in paths if len(path) > depth and path[depth] == token]
+    return tuple(drafted)
+
+
+def index_draft(
+    records: Sequence[Sequence[int]],
+    tail: Sequence[int],
+    max_tokens: int,
+    *,
+    factor: float,
+    min_share: float,
+    anchors: Sequence[int] = ANCHORS,
+) -> tuple[int, ...]:
+    index = ArchiveIndex([np.array(r, dtype=np.uint32) for r in records], anchors)
+    query = np.array(tail, dtype=np.uint32)
+    return draft(query, [index], max_tokens, factor=factor, min_share=min_share)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    records=records_strategy,
+    tail=tail_strategy,
+    max_tokens=st.integers(1, 40),
+    factor=st.sampled_from([0.5, 1.0, 2.0]),
+    min_share=st.sampled_from([0.05, 0.3, 0.6, 1.0]),
+)
+def test_lookup_matches_the_brute_force_reference(
+    records: list[list[int]], tail: list[int], max_tokens: int, factor: float, min_share: float
+) -> None:
+    for anchors in ((3,), (8, 3, 1), (24, 8, 3)):
+        expected = reference_draft(
+            records, tail, max_tokens, factor=factor, min_share=min_share, anchors=anchors
+        )
+        found = index_draft(
+            records, tail, max_tokens, factor=factor, min_share=min_share, anchors=anchors
+        )
+        assert found == expected, anchors
+
+
+@settings(max_examples=200, deadline=None)
+@given(records=records_strategy, data=st.data())
+def test_a_draft_continues_an_occurrence_of_the_tails_end(
+    records: list[list[int]], data: st.DataObject
+) -> None:
+    record = data.draw(st.sampled_from(records))
+    cut = data.draw(st.integers(1, len(record)))
+    tail = record[max(0, cut - MAX_MATCH) : cut]
+    drafted = index_draft(records, tail, MAX_DRAFT, factor=2.0, min_share=0.1, anchors=(1,))
+    if not drafted:
+        return
+    # Somewhere in the archive the tail's last token was followed by the whole draft.
+    assert any(
+        r[end - 1] == tail[-1] and tuple(r[end : end + len(drafted)]) == drafted
+        for r in records
+        for end in range(1, len(r))
+    )
+
+
+def test_the_most_frequent_continuation_wins() -> None:
+    history = [7, 8, 9]
+    records = [[*history, 1, 2, 3]] * 3 + [[*history, 4, 5, 6]] * 2
+    assert index_draft(records, history, 8, factor=2.0, min_share=0.1) == (1, 2, 3)
+
+
+def test_a_path_below_the_minimum_share_is_cut() -> None:
+    history = [7, 8, 9]
+    records = [[*history, 1, 2, 3]] * 3 + [[*history, 4, 5, 6]] * 2
+    # 3 of 5 is 0.6: drafted at 0.5, refused at 0.7.
+    assert index_draft(records, history, 8, factor=2.0, min_share=0.5) == (1, 2, 3)
+    assert index_draft(records, history, 8, factor=2.0, min_share=0.7) == ()
+
+
+def test_forks_multiply_their_shares() -> None:
+    history = [7, 8, 9]
+    records = [[*history, 1, 2]] * 2 + [[*history, 1, 3]] * 2 + [[*history, 4]] * 1
+    # 1 takes 4/5; then 2 and 3 split those 2:2, so the path's share is 0.4.
+    assert index_draft(records, history, 8, factor=2.0, min_share=0.3) == (1, 2)
+    assert index_draft(records, history, 8, factor=2.0, min_share=0.5) == (1,)
+
+
+def test_the_draft_grows_with_the_match_and_is_capped_by_the_caller() -> None:
+    record = list(range(100, 160))
+    for matched in (3, 5, 10, 20):
+        tail = record[30 - matched : 30]
+        drafted = index_draft([record], tail, 64, factor=1.0, min_share=0.1)
+        assert drafted == tuple(record[30 : 30 + matched])
+    tail = record[10:30]
+    assert len(index_draft([record], tail, 6, factor=1.0, min_share=0.1)) == 6
+    assert len(index_draft([record], tail, 64, factor=0.5, min_share=0.1)) == 10
+
+
+def test_the_longest_match_decides_over_more_frequent_shorter_ones() -> None:
+    long_history = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    records = [[*long_history, 50]] + [[0, 7, 8, 9, 60]] * 10
+    assert index_draft(records, long_history, 4, factor=1.0, min_share=0.1)[:1] == (50,)
+
+
+def test_matches_never_cross_records() -> None:
+    records = [[1, 2, 3], [4, 5, 6]]
+    assert index_draft(records, [2, 3, 4], 4, factor=4.0, min_share=0.1) == ()
+    assert index_draft(records, [1, 2, 3], 4, factor=4.0, min_share=0.1) == ()  # nothing after
+
+
+def test_several_indexes_pool_their_longest_matches() -> None:
+    history = [7, 8, 9, 10]
+    old = ArchiveIndex([np.array([*history, 1, 2], dtype=np.uint32)] * 2)
+    new = ArchiveIndex([np.array([*history, 3, 4], dtype=np.uint32)] * 3)
+    query = np.array(history, dtype=np.uint32)
+    assert draft(query, [old, new], 8, factor=1.0, min_share=0.1) == (3, 4)
+    assert draft(query, [old], 8, factor=1.0, min_share=0.1) == (1, 2)
+
+
+def test_continuation_of_identical_rows_is_taken_whole() -> None:
+    rows = np.array([[5, 6, 7, 0xFFFFFFFF]] * 4, dtype=np.uint32)
+    assert continuation(rows, 0.5) == (5, 6, 7)
+
+
+def test_an_empty_index_matches_nothing() -> None:
+    index = ArchiveIndex([])
+    assert index.n_tokens == 0
+    assert draft(np.array([1, 2, 3], dtype=np.uint32), [index], 8, factor=1, min_share=0.1) == ()
