@@ -28,6 +28,7 @@ import llguidance
 from reame_core.errors import RequestError
 from reame_core.request import GenerationRequest
 from reame_suggeritore import tools
+from reame_suggeritore.closed_schema import closed
 
 # JSON as small models write it best: one space after ',' and ':', no other whitespace. A
 # schema may choose otherwise with llguidance's "x-guidance" key.
@@ -129,48 +130,13 @@ def _json_schema(field: str, schema: Any) -> Grammar:
         raise RequestError(f"'{field}' needs a JSON schema object.", param=field)
     if _depth(schema) > MAX_SCHEMA_DEPTH:
         raise RequestError(f"'{field}' nests deeper than {MAX_SCHEMA_DEPTH} levels.", param=field)
-    text = json.dumps(closed_objects(schema))
+    text = json.dumps(closed(schema))
     _check_size(field, text)
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS)  # type: ignore[arg-type]
     except ValueError as error:
         raise RequestError(f"'{field}': the schema is not valid: {error}", param=field) from None
     return Grammar(field, grammar)
-
-
-# Where a schema keyword holds one schema, a list of schemas, or a map of names to schemas.
-_ONE = ("items", "additionalItems", "contains", "not", "if", "then", "else", "propertyNames")
-_LIST = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
-_MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_OPEN = ("additionalProperties", "patternProperties", "unevaluatedProperties")
-
-
-def closed_objects(schema: Any) -> Any:
-    """`schema` with every object that names its properties closed to others, unless it says
-    otherwise (``additionalProperties``, ``patternProperties``, ``unevaluatedProperties``).
-
-    JSON Schema lets an object without ``additionalProperties`` carry any other key; llama.cpp's
-    server reads such a schema as closed, and so do users who write one (pydantic models,
-    instructor): a small model that may add keys invents them until `max_tokens`. Every
-    answer to the closed schema is valid under the schema as sent.
-    """
-    if not isinstance(schema, Mapping):
-        return schema
-    closed = dict(schema)
-    for key in _ONE:
-        if isinstance(closed.get(key), Mapping):
-            closed[key] = closed_objects(closed[key])
-    for key in _LIST:
-        if isinstance(closed.get(key), list):
-            closed[key] = [closed_objects(item) for item in closed[key]]
-    for key in _MAP:
-        if isinstance(closed.get(key), Mapping):
-            closed[key] = {name: closed_objects(item) for name, item in closed[key].items()}
-    if isinstance(closed.get("additionalProperties"), Mapping):
-        closed["additionalProperties"] = closed_objects(closed["additionalProperties"])
-    if isinstance(closed.get("properties"), Mapping) and not any(k in closed for k in _OPEN):
-        closed["additionalProperties"] = False
-    return closed
 
 
 def _depth(value: Any) -> int:

@@ -35,6 +35,7 @@ from reame_core.tools import (
     FunctionTool,
     call_head,
 )
+from reame_suggeritore.closed_schema import closed
 
 TOOL_FIELDS = {
     "tools": "function calls: tool_choice honoured, arguments follow each function's schema",
@@ -117,40 +118,6 @@ def _arguments_schema(function: FunctionTool, index: int) -> str:
 
 
 # Keywords whose value is a schema, a list of schemas, or a map of names to schemas.
-_SCHEMA = ("additionalProperties", "items", "not", "if", "then", "else", "contains")
-_SCHEMA_LIST = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_MAP = ("properties", "patternProperties", "$defs", "definitions")
-
-
-def closed(schema: Any, *, close: bool = True) -> Any:
-    """`schema` with every object that names its properties closed to others, unless it
-    says otherwise (``"additionalProperties": false``; `request_grammar.closed_objects` does
-    the same for answers, but closes the parts of an ``allOf`` too).
-
-    JSON Schema lets an object hold any other property by default, and pydantic's schemas
-    (instructor's) leave that default. A model constrained to such a schema may add property
-    after property of its own invention until max_tokens; a function's arguments are the
-    parameters it declares, so only those are written. The parts of an ``allOf`` stay open
-    (each would refuse the others' properties), their own properties closed.
-    """
-    if not isinstance(schema, dict):
-        return schema
-    result: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key in _SCHEMA:
-            result[key] = closed(value)
-        elif key in _SCHEMA_LIST and isinstance(value, list):
-            result[key] = [closed(item, close=key != "allOf") for item in value]
-        elif key in _SCHEMA_MAP and isinstance(value, dict):
-            result[key] = {name: closed(item) for name, item in value.items()}
-        else:
-            result[key] = value
-    names = isinstance(schema.get("properties"), dict)  # a free-form object stays open
-    if close and names and not {"additionalProperties", "patternProperties"} & set(schema):
-        result["additionalProperties"] = False
-    return result
-
-
 @lru_cache(maxsize=256)
 def _schema_error(schema: str) -> str:
     """llguidance's complaint about a JSON schema ("" if none); clients send the same tools

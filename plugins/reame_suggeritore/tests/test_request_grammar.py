@@ -13,8 +13,9 @@ from reame_core.errors import RequestError
 from reame_core.plugins import PluginHost
 from reame_core.request import GenerationRequest, SamplingParams
 from reame_core.settings import Settings
+from reame_suggeritore.closed_schema import closed
 from reame_suggeritore.plugin import Suggeritore
-from reame_suggeritore.request_grammar import MAX_GRAMMAR_CHARS, closed_objects, requested_grammar
+from reame_suggeritore.request_grammar import MAX_GRAMMAR_CHARS, requested_grammar
 
 OBJECT = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 
@@ -269,15 +270,32 @@ def test_objects_that_name_their_properties_admit_no_others_unless_they_say_so()
         "anyOf": [{"properties": {"v": {}}}],
     }
 
-    closed = closed_objects(schema)
+    result = closed(schema)
 
-    assert closed["additionalProperties"] is False
-    inner = closed["properties"]
+    assert result["additionalProperties"] is False
+    inner = result["properties"]
     assert set(inner) == {"properties", "free", "any", "list"}  # a key named "properties"
     assert inner["properties"]["additionalProperties"] is False
     assert inner["free"]["additionalProperties"] is True
     assert "additionalProperties" not in inner["any"]  # any object stays any object
     assert inner["list"]["items"]["additionalProperties"] is False
-    assert closed["$defs"]["d"]["additionalProperties"] is False
-    assert closed["anyOf"][0]["additionalProperties"] is False
+    assert result["$defs"]["d"]["additionalProperties"] is False
+    assert result["anyOf"][0]["additionalProperties"] is False
     assert "additionalProperties" not in schema  # the request's own schema is left as sent
+
+
+def test_the_parts_of_an_allof_stay_open_to_each_others_properties() -> None:
+    # Closing each part would make {"a": 1, "b": 2} invalid under the closed schema while the
+    # schema as sent accepts it: the parts' nested objects are closed, the parts are not.
+    schema = {
+        "allOf": [
+            {"properties": {"a": {"type": "integer"}}},
+            {"properties": {"b": {"type": "object", "properties": {"c": {}}}}},
+        ]
+    }
+
+    parts = closed(schema)["allOf"]
+
+    assert "additionalProperties" not in parts[0]
+    assert "additionalProperties" not in parts[1]
+    assert parts[1]["properties"]["b"]["additionalProperties"] is False
