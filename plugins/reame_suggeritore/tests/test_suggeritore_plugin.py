@@ -113,16 +113,22 @@ def test_the_api_answers_a_bad_constraint_with_a_400_naming_the_field(
     assert f"'{error['param']}" in error["message"]
 
 
-def test_the_api_answers_with_json_that_follows_the_schema(client: TestClient[Any]) -> None:
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+def test_the_api_answers_with_json_that_follows_the_schema(
+    client: TestClient[Any], route: str
+) -> None:
+    asked = {"prompt": "Answer."} if route == "/v1/completions" else CHAT
     body = {
-        **CHAT,
+        **asked,
+        "max_tokens": 60,
         "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}},
     }
 
-    response = client.post("/v1/chat/completions", json=body)
+    response = client.post(route, json=body)
 
     assert response.status_code == 200
-    content = response.json()["choices"][0]["message"]["content"]
+    choice = response.json()["choices"][0]
+    content = choice["message"]["content"] if "message" in choice else choice["text"]
     jsonschema.validate(json.loads(content), SCHEMA)
 
 
