@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -31,7 +32,18 @@ def free_port() -> int:
 @contextmanager
 def reame_serve(*flags: str, ready_within: float = 90) -> Iterator[str]:
     """Start `reame serve FLAGS` on a free port; yields its URL once /health says 200.
-    A clean stop at the end, so whatever the server queued (disk snapshots) is written."""
+    A clean stop at the end, so whatever the server queued (disk snapshots) is written.
+
+    Each server gets an empty generation archive of its own unless FLAGS name one: what
+    earlier tests generated would otherwise be drafted from, and decide which source a test
+    that watches another one sees drafting."""
+    if "--palimpsest-dir" not in flags:
+        with (
+            tempfile.TemporaryDirectory(prefix="palimpsest-") as archive,
+            reame_serve(*flags, "--palimpsest-dir", archive, ready_within=ready_within) as url,
+        ):
+            yield url
+        return
     port = free_port()
     process = subprocess.Popen(
         [REAME, "serve", "--port", str(port), "--log-level", "warning", *flags],
