@@ -168,8 +168,20 @@ def test_a_reame_serve_process_discovers_installed_plugins_and_honours_them(
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
     completion = {"prompt": "Name a dog:", "max_tokens": 12, "temperature": 1.0, "seed": 3}
 
-    # The Conclave claims best_of too: this test's best_of plugin stands in for it.
-    with reame_serve("--parallel", "4", "--ctx", "512", "--disable-plugin", "conclave") as url:
+    # The Conclave claims best_of too: this test's best_of plugin stands in for it. The second,
+    # identical request would draft from the first's archived answer, and a sampled answer
+    # verified from drafts draws from its seed's stream differently: speculation stays off.
+    flags = (
+        "--parallel",
+        "4",
+        "--ctx",
+        "512",
+        "--disable-plugin",
+        "conclave",
+        "--speculate",
+        "off",
+    )
+    with reame_serve(*flags) as url:
         refused = httpx.post(f"{url}/v1/completions", json={**completion, "refuse": True})
         best = httpx.post(f"{url}/v1/completions", json={**completion, "best_of": 3})
         streamed = httpx.post(
