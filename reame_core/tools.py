@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from reame_core.errors import RequestError
+from reame_core.json_depth import exceeds_depth
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
@@ -95,7 +96,7 @@ class ToolUse:
                     param=f"{param}.name",
                 )
             seen.add(function.name)
-            if _nesting(function.parameters) > MAX_PARAMETERS_DEPTH:
+            if exceeds_depth(function.parameters, MAX_PARAMETERS_DEPTH):
                 raise RequestError(
                     f"'{param}.parameters' nests deeper than {MAX_PARAMETERS_DEPTH} levels.",
                     param=f"{param}.parameters",
@@ -132,23 +133,6 @@ class ToolUse:
     def single(self) -> bool:
         """At most one call per reply."""
         return self.only is not None or not self.parallel
-
-
-def _nesting(value: Any) -> int:
-    """How deeply objects and arrays nest in `value`, counted without recursion."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack and deepest <= MAX_PARAMETERS_DEPTH:
-        item, depth = stack.pop()
-        if isinstance(item, Mapping):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        deepest = max(deepest, depth)
-        stack.extend((child, depth + 1) for child in children)
-    return deepest
 
 
 def call_text(name: str, arguments: Any) -> str:

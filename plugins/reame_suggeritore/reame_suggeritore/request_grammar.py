@@ -26,6 +26,7 @@ from typing import Any
 import llguidance
 
 from reame_core.errors import RequestError
+from reame_core.json_depth import exceeds_depth
 from reame_core.request import GenerationRequest
 from reame_suggeritore import tools
 from reame_suggeritore.closed_schema import closed
@@ -128,7 +129,7 @@ def _response_format(value: Any) -> Grammar | None:
 def _json_schema(field: str, schema: Any) -> Grammar:
     if not isinstance(schema, Mapping):
         raise RequestError(f"'{field}' needs a JSON schema object.", param=field)
-    if _depth(schema) > MAX_SCHEMA_DEPTH:
+    if exceeds_depth(schema, MAX_SCHEMA_DEPTH):
         raise RequestError(f"'{field}' nests deeper than {MAX_SCHEMA_DEPTH} levels.", param=field)
     text = json.dumps(closed(schema))
     _check_size(field, text)
@@ -137,26 +138,6 @@ def _json_schema(field: str, schema: Any) -> Grammar:
     except ValueError as error:
         raise RequestError(f"'{field}': the schema is not valid: {error}", param=field) from None
     return Grammar(field, grammar)
-
-
-def _depth(value: Any) -> int:
-    """How deeply objects and arrays nest in `value` (counted without recursion: a schema
-    deeper than Python's stack must be refused, not crash the check)."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, Mapping):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        deepest = max(deepest, depth)
-        if deepest > MAX_SCHEMA_DEPTH:
-            return deepest
-        stack.extend((child, depth + 1) for child in children)
-    return deepest
 
 
 def _check_size(field: str, text: str) -> None:
