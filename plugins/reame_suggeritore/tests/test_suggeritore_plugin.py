@@ -165,6 +165,20 @@ def is_a_code(output: str) -> bool:
     return re.fullmatch("[a-c]{3}-[0-9]{2}", output) is not None
 
 
+@pytest.fixture
+def fake_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`reame run` on the fake backend, with Il Suggeritore alone and nothing piped in."""
+    host = PluginHost(discover=False)
+    host.register(suggeritore_plugin.Suggeritore(), "suggeritore")
+    monkeypatch.setattr(cli_main, "PluginHost", lambda: host)
+    monkeypatch.setattr(
+        cli_run,
+        "start_runtime",
+        lambda settings: start_runtime(settings, backend=FakeBackend(), plugins=host),
+    )
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+
+
 @pytest.mark.parametrize(
     ("flag", "content", "valid"),
     [
@@ -178,18 +192,9 @@ def test_reame_run_answers_with_the_structure_its_flag_names(
     content: str | None,
     valid: Callable[[str], bool],
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
+    fake_run: None,
 ) -> None:
-    host = PluginHost(discover=False)
-    host.register(suggeritore_plugin.Suggeritore(), "suggeritore")
-    monkeypatch.setattr(cli_main, "PluginHost", lambda: host)
-    monkeypatch.setattr(
-        cli_run,
-        "start_runtime",
-        lambda settings: start_runtime(settings, backend=FakeBackend(), plugins=host),
-    )
-    monkeypatch.setattr("sys.stdin", io.StringIO(""))
     value = "[a-c]{3}-[0-9]{2}"
     if content is not None:
         value = str(tmp_path / "structure")
@@ -202,17 +207,8 @@ def test_reame_run_answers_with_the_structure_its_flag_names(
 
 
 def test_reame_run_refuses_a_bad_schema_naming_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fake_run: None
 ) -> None:
-    host = PluginHost(discover=False)
-    host.register(suggeritore_plugin.Suggeritore(), "suggeritore")
-    monkeypatch.setattr(cli_main, "PluginHost", lambda: host)
-    monkeypatch.setattr(
-        cli_run,
-        "start_runtime",
-        lambda settings: start_runtime(settings, backend=FakeBackend(), plugins=host),
-    )
-    monkeypatch.setattr("sys.stdin", io.StringIO(""))
     schema = tmp_path / "schema.json"
     schema.write_text('{"type": "nosuch"}')
 
