@@ -4,8 +4,6 @@ JSON_SCHEMA mode. Each gets back an object of its model, unchanged client code."
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -13,15 +11,12 @@ from typing import Literal
 import instructor
 import openai
 import pytest
-import uvicorn
 from pydantic import BaseModel, Field
-from served import free_port
+from served import serve_in_process
 
 from reame_core.backend.llama import LlamaBackend
 from reame_core.plugins import PluginHost
 from reame_core.runtime import start_runtime
-from reame_core.server.app import create_app
-from reame_core.server.service import ServerState
 from reame_core.settings import Settings
 from reame_suggeritore.plugin import Suggeritore
 
@@ -54,24 +49,8 @@ def base_url(smollm2_path: Path, use_extra_bufts: bool) -> Iterator[str]:
     host = PluginHost(discover=False)
     host.register(Suggeritore(), "suggeritore")
     settings = Settings()
-    state = ServerState(settings)
-    state.runtime = start_runtime(settings, backend=backend, plugins=host)
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_config=None)
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        state.runtime.close()
+    with serve_in_process(start_runtime(settings, backend=backend, plugins=host)) as url:
+        yield url
 
 
 def test_openai_parse_returns_an_object_of_the_pydantic_model(base_url: str) -> None:
