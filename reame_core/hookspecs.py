@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from reame_core.hooktypes import (
+        AnswerExtractor,
         CandidatePlan,
         CandidateView,
         DiskNeed,
@@ -84,11 +85,13 @@ def reame_disk_need() -> DiskNeed | None:
 
 
 @hookspec
-def reame_configure(settings: Settings, model: ModelInfo) -> None:
+def reame_configure(settings: Settings, model: ModelInfo, hook: Any) -> None:
     """Called once after the model is loaded, before the first request.
 
     A plugin reads its own section with ``settings.plugin_section(name, Model)`` and
-    prepares its state (open a cache directory, build a tokenizer for grammars).
+    prepares its state (open a cache directory, build a tokenizer for grammars). `hook`
+    calls the hooks of every plugin, for one that gathers what others provide (best-of-N
+    asks ``reame_answer_extractors``).
     """
 
 
@@ -259,13 +262,25 @@ def reame_select_candidates(
 ) -> Selection | None:
     """Choose which of a request's candidates to return.
 
-    Called for requests with several candidates. With `final` False, while some still run:
-    each time a candidate finishes, or, for a plan with ``select_each_step``, after every
-    step in which one committed tokens or finished. Return a Selection with ``stop_others``
-    to end the unfinished candidates it does not choose (they finish as "abandoned"), or
-    None to wait. With `final` True, once all are done: the chosen candidates, at most the
-    request's `n`, are returned. The built-in default returns the first `n`, in order.
+    Called for requests with several candidates or a `CandidatePlan`. With `final` False,
+    while some still run or may start: each time a candidate finishes, or, for a plan with
+    ``select_each_step``, after every step in which one committed tokens or finished.
+    Return a Selection with ``stop_others`` to end the unfinished candidates it does not
+    choose (they finish as "abandoned"), with ``start`` to start more of the plan's
+    candidates (beyond its ``at_once``), or None to wait. With `final` True, once all are
+    done: the chosen candidates, at most the request's `n`, are returned, and the
+    Selection's ``report`` goes into the response. The built-in default returns the first
+    `n`, in order.
     """
+
+
+@hookspec
+def reame_answer_extractors() -> Mapping[str, AnswerExtractor] | None:
+    """Ways to read the answer out of a candidate's text, by name, for plugins that
+    compare candidates by their answers (best-of-N voting picks one by name). An extractor
+    takes the text and the request's argument for it (a pattern, a field; None when it
+    needs none) and returns the answer, normalised so equal answers compare equal, or None
+    when the text holds none."""
 
 
 # ---------------------------------------------------------------- reporting

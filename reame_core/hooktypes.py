@@ -6,7 +6,7 @@ engine itself, so a plugin cannot reach around the engine thread that owns the m
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -218,17 +218,29 @@ class CandidatePlan:
     """How to run one request's candidates, when a selecting plugin wants other than `n`
     candidates, each streamed as it goes (see ``reame_plan_candidates``).
 
-    `candidates` run (at least the request's `n`; candidate i samples with seed + i), and the
-    final selection returns at most `n` of them. With `select_each_step`, candidate selection
-    is asked (``final=False``) after every step in which a candidate committed tokens, not
-    only when one finishes. With `hold_back`, no token is streamed before the final
-    selection; then each chosen candidate's whole output is sent as one event, numbered by
-    its place in the selection (choice 0, 1, ...), so callers only ever see what was chosen.
+    `candidates` may run (at least the request's `n`; candidate i samples with seed + i),
+    and the final selection returns at most `n` of them. With `at_once`, only that many
+    start at admission and at most that many run at a time: the others start when a
+    selection asks for them (``Selection.start``), with the prompt's KV restored from a
+    snapshot taken when it was computed, so the prompt is computed once however late they
+    start. With `select_each_step`, candidate selection is asked (``final=False``) after
+    every step in which a candidate committed tokens, not only when one finishes. With
+    `hold_back`, no token is streamed before the final selection; then each chosen
+    candidate's whole output is sent as one event, numbered by its place in the selection
+    (choice 0, 1, ...), so callers only ever see what was chosen. `temperature` replaces
+    the request's when its caller did not set one.
     """
 
     candidates: int
     select_each_step: bool = False
     hold_back: bool = False
+    at_once: int | None = None
+    temperature: float | None = None
+
+    @property
+    def width(self) -> int:
+        """How many candidates run at a time."""
+        return self.candidates if self.at_once is None else min(self.at_once, self.candidates)
 
 
 @dataclass(frozen=True)
@@ -249,7 +261,17 @@ class CandidateView:
 @dataclass(frozen=True)
 class Selection:
     """Which candidates to return, in order; `stop_others` ends the unfinished candidates
-    not chosen now, with finish reason "abandoned"."""
+    not chosen now, with finish reason "abandoned". `start` asks for that many more of the
+    plan's candidates (those beyond its `at_once`), started as slots free up. A final
+    selection's `report` is returned to the caller: each key becomes a field of the
+    response (``{"conclave": {...}}``)."""
 
-    chosen: tuple[int, ...]
+    chosen: tuple[int, ...] = ()
     stop_others: bool = False
+    start: int = 0
+    report: Mapping[str, Any] = field(default_factory=dict)
+
+
+AnswerExtractor = Callable[[str, "str | None"], "str | None"]
+"""Reads a candidate's answer from its text (hook ``reame_answer_extractors``): given the
+text and the request's argument for the extractor, the normalised answer or None."""

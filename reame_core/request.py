@@ -97,7 +97,8 @@ class GenerationRequest:
     turns. `extensions` carries fields that plugins registered through
     `reame_request_extensions` (e.g. a grammar); `tools` the functions a chat offers the
     model (a plugin that claims ``tools`` constrains the calls to them). The engine passes
-    both through untouched.
+    both through untouched. `unset` names the sampling fields its caller left at their
+    defaults, which a plugin's `CandidatePlan` may choose instead (best-of-N's temperature).
     """
 
     prompt_tokens: Sequence[int]
@@ -107,6 +108,7 @@ class GenerationRequest:
     session_id: str | None = None
     request_id: str = field(default_factory=lambda: f"req-{next(_request_ids)}")
     tools: ToolUse | None = None
+    unset: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if not self.prompt_tokens:
@@ -205,11 +207,13 @@ class CandidateResult:
 
 @dataclass(frozen=True)
 class FinishEvent:
-    """The request is over. `candidates` are those selected to return, in order."""
+    """The request is over. `candidates` are those selected to return, in order; `report`
+    is what the selecting plugin tells the caller about its choice (response fields)."""
 
     candidates: tuple[CandidateResult, ...]
     usage: Usage
     error: str | None = None
+    report: Mapping[str, Any] = field(default_factory=dict)
 
 
 Event = TokenEvent | FinishEvent

@@ -17,6 +17,7 @@ flight (the committer tells it when one leaves), the slots hold the KV record.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 from typing import Any
 
@@ -98,19 +99,37 @@ class Committer:
 
     def _prompt_ready(self, seq: Candidate, row: np.ndarray) -> None:
         group = seq.group
-        group.prefill_done = time.perf_counter()
-        group.usage.prompt_ms = (group.prefill_done - group.prefill_started) * 1000
+        if not group.prefill_done:
+            group.prefill_done = time.perf_counter()
+            group.usage.prompt_ms = (group.prefill_done - group.prefill_started) * 1000
+        if group.sampler is not None and group.prompt_state is None:
+            # Candidates that start later get this prompt's KV and logits, not a prefill.
+            group.prompt_state = self.slots.snapshot(seq.slot)
+            group.prompt_row = np.array(row, copy=True)
         siblings = [s for s in group.sequences if s.phase is Phase.AWAITING_CLONE]
         for sibling in siblings:
             self.slots.copy(seq.slot, sibling.slot, seq.n_kv)
         raw = np.array(row, copy=True) if siblings and self._constrained else row
         for candidate in [seq, *siblings]:
-            candidate.phase = Phase.DECODING
-            self.hook.reame_sequence_started(seq=candidate)
             # A constraint edits its row in place: each candidate's must see the model's own.
-            own_row = row if candidate is seq else np.array(raw, copy=True)
-            token, logprob = self._pick(candidate, own_row)
-            self._commit(candidate, [token], [logprob] if logprob else [])
+            self._begin(candidate, row if candidate is seq else np.array(raw, copy=True))
+
+    def _begin(self, seq: Candidate, row: np.ndarray) -> None:
+        """The candidate's prompt is in its KV and `row` holds the prompt's last logits:
+        it decodes from here, starting with a token sampled from that row."""
+        seq.phase = Phase.DECODING
+        self.hook.reame_sequence_started(seq=seq)
+        token, logprob = self._pick(seq, row)
+        self._commit(seq, [token], [logprob] if logprob else [])
+
+    def start_later(self, running: Seq[RequestGroup]) -> None:
+        """Start the candidates selections asked for, as slots allow (before admission:
+        their requests already run, within the slots they held)."""
+        for group in running:
+            while group.to_start and (seq := self.scheduler.start_later(group)) is not None:
+                if seq.phase is Phase.DECODING:
+                    assert group.prompt_row is not None
+                    self._begin(seq, np.array(group.prompt_row, copy=True))
 
     def _verify(
         self, seq: Candidate, draft: DraftProposal, rows: np.ndarray, elapsed: float
@@ -215,16 +234,22 @@ class Committer:
     def _select_early(self, group: RequestGroup) -> None:
         """Ask candidate selection (``final=False``) whether the unfinished candidates of a
         request may stop now; those it did not choose end as "abandoned"."""
-        if len(group.sequences) < 2 or group.done or group.stop_others:
-            return
+        if group.stop_others or ((group.done or len(group.sequences) < 2) and not group.unstarted):
+            return  # stopped already, or nothing left to decide before the final selection
         selection = self.hook.reame_select_candidates(
             request=group.request, candidates=self._views(group), final=False
         )
-        if selection is not None and selection.stop_others:
+        if selection is None:
+            return
+        if selection.stop_others:
             group.stop_others = True
+            group.to_start = 0
             for other in group.sequences:
                 if not other.finished and other.candidate not in selection.chosen:
                     self._finish(other, "abandoned")
+        elif selection.start > 0:
+            group.to_start += min(selection.start, group.unstarted)
+            self.start_later([group])
 
     def _ended(self, seq: Candidate) -> None:
         """Every sequence passes here once, however it ends."""
@@ -239,6 +264,7 @@ class Committer:
 
     def cancel(self, group: RequestGroup) -> None:
         """End a running request its caller cancelled."""
+        group.to_start = 0
         for seq in group.sequences:
             if not seq.finished:
                 self._finish(seq, "cancelled")
@@ -249,6 +275,7 @@ class Committer:
         """End a running request with an error; its slots' KV is in doubt, so dropped."""
         if group not in self.scheduler.running:
             return
+        group.to_start = 0
         for seq in group.sequences:
             self.slots.truncate(seq.slot, 0)
             if not seq.finished:
@@ -266,12 +293,14 @@ class Committer:
         if group.prefill_done:
             group.usage.predicted_ms = (now - group.prefill_done) * 1000
         chosen: tuple[int, ...] = tuple(range(min(len(group.sequences), group.request.n)))
-        if error is None and len(group.sequences) > 1:
+        report: Mapping[str, Any] = {}
+        if error is None and (len(group.sequences) > 1 or group.plan is not None):
             selection = self.hook.reame_select_candidates(
                 request=group.request, candidates=self._views(group), final=True
             )
             if selection is not None:
                 chosen = selection.chosen[: group.request.n]
+                report = selection.report
         if group.held_back:
             # Only now do callers hear of the output: the chosen candidates, as choices 0, 1...
             results = tuple(group.sequences[c].result(i) for i, c in enumerate(chosen))
@@ -281,7 +310,7 @@ class Committer:
         else:
             results = tuple(group.sequences[c].result() for c in chosen)
         self.stats.requests_finished += 1
-        self._emit(group, FinishEvent(results, group.usage, error))
+        self._emit(group, FinishEvent(results, group.usage, error, report))
 
     def _views(self, group: RequestGroup) -> list[CandidateView]:
         return [

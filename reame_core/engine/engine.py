@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import queue
 import threading
@@ -142,6 +143,9 @@ class Engine:
         returned (the server does, before the request takes a place in its queue)."""
         if not checked:
             plan = self.check(request)
+        if plan is not None and plan.temperature is not None and "temperature" in request.unset:
+            params = dataclasses.replace(request.params, temperature=plan.temperature)
+            request = dataclasses.replace(request, params=params)
         group = RequestGroup(request, emit, plan)
         self._inbox.put(group)
         return Ticket(self, group)
@@ -161,10 +165,18 @@ class Engine:
         plan: CandidatePlan | None = self.hook.reame_plan_candidates(
             request=request, model=self.info
         )
-        if plan is not None and not request.n <= plan.candidates <= self.info.n_seq_max:
+        if plan is None:
+            return None
+        if plan.candidates < request.n:
             raise RequestError(
-                f"This request would run as {plan.candidates} candidates; the server runs "
-                f"{self.info.n_seq_max} sequence slots and the request asks for {request.n}.",
+                f"This request would run as {plan.candidates} candidates but asks for "
+                f"{request.n} choices.",
+                param="n",
+            )
+        if not 1 <= plan.width <= self.info.n_seq_max:
+            raise RequestError(
+                f"This request would run {plan.width} candidates at once; the server runs "
+                f"{self.info.n_seq_max} sequence slots.",
                 param="n",
             )
         return plan
@@ -261,6 +273,7 @@ class Engine:
         """Advance every request by one decode. Returns False when there was nothing to do."""
         self._take_inbox(block=False)
         self._reap_cancelled()
+        self.committer.start_later(self.scheduler.running)
         self._admit()
         calls = self.scheduler.schedule()
         if not calls:

@@ -104,6 +104,27 @@ class Scheduler:
             self.running.append(group)
         return group
 
+    def start_later(self, group: RequestGroup) -> Candidate | None:
+        """One of the candidates a selection asked for, in a free slot with the prompt's KV
+        restored (or, should the model refuse the state, to compute again); None while
+        no slot is free or the request runs as many as it may at once."""
+        if group.running >= group.width or not self.slots.free_count():
+            return None
+        assert group.sampler is not None and group.prompt_state is not None
+        number = len(group.sequences)
+        seq = Candidate(
+            group, number, self.slots.acquire(), group.sampler.fork(group.seed + number)
+        )
+        group.sequences.append(seq)
+        group.to_start -= 1
+        prompt = group.request.prompt_tokens
+        if self.slots.restore(seq.slot, group.prompt_state, prompt):
+            seq.phase = Phase.DECODING
+        else:
+            log.warning("the prompt's state was refused; computing it again")
+            seq.phase = Phase.PREFILL
+        return seq
+
     def drop(self, group: RequestGroup) -> None:
         """The request has ended (finished, failed or cancelled): it no longer runs."""
         self.running.remove(group)
@@ -123,10 +144,9 @@ class Scheduler:
         done = []
         active = 0
         for group in self.running:
-            unfinished = sum(not seq.finished for seq in group.sequences)
-            if not unfinished:
+            if group.done:
                 done.append(group)
-            active += unfinished
+            active += group.running
         for group in done:
             self.running.remove(group)
         self.stats.active_sequences = active
@@ -150,6 +170,8 @@ class Scheduler:
         slot = self.slots.acquire(prefer=match.slot if match else None, session=request.session_id)
         # Sequences own their slots from here on, so a failure below releases them.
         group.sequences.append(Candidate(group, 0, slot, sampler))
+        if group.unstarted:  # candidates that may start later fork a sampler kept unused
+            group.seed, group.sampler = seed, sampler.fork(seed)
         for candidate in range(1, group.width):
             sibling = Candidate(
                 group, candidate, self.slots.acquire(), sampler.fork(seed + candidate)

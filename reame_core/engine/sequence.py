@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from reame_core.engine.sampler import TokenSampler
 from reame_core.engine.slots import Slot
 from reame_core.engine.textstream import TextStream
@@ -125,6 +127,10 @@ class RequestGroup:
     request that runs its own n candidates, streamed. `selection_due`: under a plan that
     selects each step, a candidate committed tokens or finished in this step, so selection
     is asked once the step's decodes are over.
+
+    A plan that starts some candidates later keeps what they need: the prompt's KV
+    (`prompt_state`, a snapshot), its last logits row, a sampler to fork, and how many a
+    selection asked to start (`to_start`) that wait for a slot.
     """
 
     request: GenerationRequest
@@ -139,11 +145,26 @@ class RequestGroup:
     stop_others: bool = False
     selection_due: bool = False
     passed_by: int = 0  # later requests admitted while this one waited for slots
+    seed: int = 0
+    sampler: TokenSampler | None = None  # candidate 0's, unused: later ones fork it
+    prompt_state: bytes | None = None
+    prompt_row: np.ndarray | None = None
+    to_start: int = 0
 
     @property
     def width(self) -> int:
-        """How many candidates run: the plan's, or the request's n."""
-        return self.request.n if self.plan is None else self.plan.candidates
+        """How many candidates run at a time: the plan's, or the request's n."""
+        return self.request.n if self.plan is None else self.plan.width
+
+    @property
+    def unstarted(self) -> int:
+        """The plan's candidates that have not started (nor been asked to)."""
+        total = self.request.n if self.plan is None else self.plan.candidates
+        return total - len(self.sequences) - self.to_start
+
+    @property
+    def running(self) -> int:
+        return sum(not seq.finished for seq in self.sequences)
 
     @property
     def held_back(self) -> bool:
@@ -156,4 +177,4 @@ class RequestGroup:
 
     @property
     def done(self) -> bool:
-        return all(seq.finished for seq in self.sequences)
+        return not self.to_start and all(seq.finished for seq in self.sequences)

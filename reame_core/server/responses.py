@@ -5,7 +5,7 @@ Pure functions from engine values to JSON-ready dicts, so they are tested on the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from reame_core.request import TokenLogprob, Usage
@@ -113,3 +113,12 @@ def completion_logprobs(
         "top_logprobs": top,
         "text_offset": offsets,
     }
+
+
+def reports(per_request: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What selecting plugins reported (`FinishEvent.report`), as response fields: a
+    request's own, or, for a call of several prompts, each field as a list in prompt order."""
+    if len(per_request) == 1:
+        return dict(per_request[0])
+    keys = {key for report in per_request for key in report}
+    return {key: [report.get(key) for report in per_request] for key in sorted(keys)}

@@ -140,6 +140,7 @@ class _Reply:
             "choices": choices,
             "usage": responses.usage_body(usage),
             "timings": responses.timings_body(usage),
+            **responses.reports([finished[i].report for i in sorted(finished)]),
         }
 
     # ------------------------------------------------------------ streaming
@@ -236,7 +237,7 @@ class _Reply:
                             "finish_reason": result.finish_reason,
                         }
                     )
-            yield _sse(self._chunk(closing))
+            yield _sse({**self._chunk(closing), **event.report})
         if self.include_usage:
             usage = responses.merge_usage(usages)
             final = self._chunk([], responses.usage_body(usage))

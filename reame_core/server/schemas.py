@@ -97,6 +97,9 @@ class ResponseFormat(_Strict):
     json_schema: dict[str, Any] | None = None
 
 
+_SAMPLING_FIELDS = frozenset({"temperature", "top_p", "top_k", "min_p", "seed"})
+
+
 class _Generation(_Strict):
     """Fields shared by chat and text completions."""
 
@@ -153,6 +156,11 @@ class _Generation(_Strict):
             logprobs=logprobs,
             speculate=self.speculate,
         )
+
+    @property
+    def unset(self) -> frozenset[str]:
+        """The sampling fields the caller did not send."""
+        return frozenset(_SAMPLING_FIELDS - self.model_fields_set)
 
     @property
     def include_usage(self) -> bool:

@@ -123,7 +123,13 @@ def build_call(runtime: Runtime, kind: Kind, data: Any, session: str | None) -> 
         max_tokens = context_room(len(prompt), model) if asked is None else asked
         params = body.sampling(max_tokens, logprobs)
         request = GenerationRequest(
-            prompt, params, body.n, extensions, session or body.session_id, tools=tools
+            prompt,
+            params,
+            body.n,
+            extensions,
+            session or body.session_id,
+            tools=tools,
+            unset=body.unset,
         )
         plans.append(runtime.engine.check(request, prompt_param=prompt_param))
         requests.append(request)

@@ -42,7 +42,9 @@ def cached_engine(backend: LlamaBackend, cache_dir: Path) -> Iterator[Engine]:
     host = PluginHost(discover=False)
     host.register(cache, "diskkv")
     section = {"dir": str(cache_dir), "block_tokens": BLOCK}
-    host.hook.reame_configure(settings=Settings(plugins={"diskkv": section}), model=backend.info)
+    host.hook.reame_configure(
+        settings=Settings(plugins={"diskkv": section}), model=backend.info, hook=host.hook
+    )
     engine = Engine(backend, host, speculate="off").start()  # bit-exact paths only
     try:
         yield engine

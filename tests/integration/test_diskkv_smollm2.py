@@ -69,7 +69,7 @@ def cached_engine(
     host = PluginHost(discover=False)
     host.register(cache, "diskkv")
     settings = Settings(plugins={"diskkv": {"dir": str(cache_dir), **section}})
-    host.hook.reame_configure(settings=settings, model=backend.info)
+    host.hook.reame_configure(settings=settings, model=backend.info, hook=host.hook)
     # Speculation off: on this build drafts are exact only up to near-ties (see conftest).
     engine = Engine(backend, host, speculate="off").start()
     try:

@@ -45,7 +45,7 @@ def archive_engine(
     plugins = PluginHost(["prompt_lookup", "draft_model"], discover=False)
     plugins.register(plugin, "palimpsest")
     settings = Settings(plugins={"palimpsest": {"dir": str(archive)}})
-    plugins.hook.reame_configure(settings=settings, model=backend.info)
+    plugins.hook.reame_configure(settings=settings, model=backend.info, hook=plugins.hook)
     assert plugin.archivist is not None and plugin.archivist.ready.wait(60)
     return make_engine(backend, speculate="on", plugins=plugins), plugin
 

@@ -76,7 +76,7 @@ def test_list_answers_with_structure_drafts_follow_the_plain_path(
     plain_engine.stop()
     host = PluginHost(["prompt_lookup", "draft_model"], discover=False)
     host.register(StructureDrafts(), NAME)
-    host.hook.reame_configure(settings=Settings(), model=backend.info)
+    host.hook.reame_configure(settings=Settings(), model=backend.info, hook=host.hook)
     engine = make_engine(backend, speculate="on", plugins=host)
     results = [engine.generate(greedy(p)) for p in prompts]
     engine.stop()

@@ -143,7 +143,7 @@ def constrained(backend: LlamaBackend) -> Iterator[PluginHost]:
     """The plugins with Il Suggeritore, configured for SmolLM2 (its tokenizer built once)."""
     host = PluginHost(discover=False)
     host.register(Suggeritore(), "suggeritore")
-    host.hook.reame_configure(settings=Settings(), model=backend.info)
+    host.hook.reame_configure(settings=Settings(), model=backend.info, hook=host.hook)
     yield host
 
 

@@ -38,7 +38,7 @@ def start_cache(cache_dir: Path) -> Iterator[StartCache]:
         host = PluginHost(discover=False)
         host.register(cache, "diskkv")
         settings = Settings(plugins={"diskkv": {"dir": str(cache_dir), **(section or {})}})
-        host.hook.reame_configure(settings=settings, model=backend.info)
+        host.hook.reame_configure(settings=settings, model=backend.info, hook=host.hook)
         running = CachedEngine(Engine(backend, host).start(), cache, backend)
         started.append(running)
         return running

@@ -46,7 +46,7 @@ def test_diskkv_is_discovered_through_its_entry_point() -> None:
 def test_core_runs_unchanged_with_diskkv_disabled(tmp_path: Path) -> None:
     host = PluginHost(["diskkv"])
     settings = Settings(plugins={"diskkv": {"dir": str(tmp_path / "kv")}})
-    host.hook.reame_configure(settings=settings, model=FakeBackend().info)
+    host.hook.reame_configure(settings=settings, model=FakeBackend().info, hook=host.hook)
     engine = Engine(FakeBackend(), host).start()
     prompt = FakeBackend().tokenize(SYSTEM, add_special=True, parse_special=False)
 
@@ -62,7 +62,7 @@ def test_diskkv_refuses_unknown_settings() -> None:
     host = PluginHost()
     settings = Settings(plugins={"diskkv": {"no_such_option": 1}})
     with pytest.raises(ValidationError):
-        host.hook.reame_configure(settings=settings, model=FakeBackend().info)
+        host.hook.reame_configure(settings=settings, model=FakeBackend().info, hook=host.hook)
 
 
 # ------------------------------------------------------------------ settings

@@ -38,7 +38,7 @@ def start_archive(archive_dir: Path) -> Iterator[StartArchive]:
         host = PluginHost(OTHER_SOURCES, discover=False)
         host.register(archive, "palimpsest")
         settings = Settings(plugins={"palimpsest": {"dir": str(archive_dir), **(section or {})}})
-        host.hook.reame_configure(settings=settings, model=backend.info)
+        host.hook.reame_configure(settings=settings, model=backend.info, hook=host.hook)
         assert archive.archivist is not None and archive.archivist.ready.wait(30)
         running = ArchivedEngine(Engine(backend, host, draft_max=16).start(), archive, backend)
         started.append(running)

@@ -37,7 +37,7 @@ def start_engine() -> Iterator[StartEngine]:
         host.register(Suggeritore(), "suggeritore")
         for name, plugin in (extra or {}).items():
             host.register(plugin, name)
-        host.hook.reame_configure(settings=Settings(), model=backend.info)
+        host.hook.reame_configure(settings=Settings(), model=backend.info, hook=host.hook)
         engine = Engine(backend, host, speculate=speculate, draft_max=draft_max)
         engines.append(engine)
         return engine.start() if started else engine

@@ -28,7 +28,7 @@ def asked(max_tokens: int = 4, **fields: Any) -> GenerationRequest:
 def start_engine(backend: FakeBackend) -> Engine:
     host = PluginHost(discover=False)
     host.register(Suggeritore(), "suggeritore")
-    host.hook.reame_configure(settings=Settings(), model=backend.info)
+    host.hook.reame_configure(settings=Settings(), model=backend.info, hook=host.hook)
     return Engine(backend, host).start()
 
 
@@ -37,7 +37,7 @@ def check(**fields: Any) -> None:
     host = PluginHost(discover=False)
     host.register(Suggeritore(), "suggeritore")
     model = FakeBackend().info
-    host.hook.reame_configure(settings=Settings(), model=model)
+    host.hook.reame_configure(settings=Settings(), model=model, hook=host.hook)
     request = asked(**fields)
     host.hook.reame_check_request(request=request, model=model)
 
@@ -134,7 +134,7 @@ def test_ignore_eos_cannot_apply_to_a_structured_answer() -> None:
     host = PluginHost(discover=False)
     host.register(Suggeritore(), "suggeritore")
     model = FakeBackend().info
-    host.hook.reame_configure(settings=Settings(), model=model)
+    host.hook.reame_configure(settings=Settings(), model=model, hook=host.hook)
     request = GenerationRequest(
         [1, 2], SamplingParams(max_tokens=4, ignore_eos=True), extensions={"regex": "a+"}
     )

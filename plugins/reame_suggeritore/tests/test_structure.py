@@ -267,7 +267,7 @@ def writer_engine(speculate: str, source: StructureDrafts | None = None) -> Engi
     backend = ListWriter()
     if source is not None:
         host.register(source, NAME)
-        host.hook.reame_configure(settings=Settings(), model=backend.info)
+        host.hook.reame_configure(settings=Settings(), model=backend.info, hook=host.hook)
     return Engine(backend, host, speculate=speculate, draft_max=8)  # type: ignore[arg-type]
 
 

@@ -47,7 +47,7 @@ def test_suggeritore_refuses_unknown_settings() -> None:
     host = PluginHost()
     settings = Settings(plugins={"suggeritore": {"no_such_option": 1}})
     with pytest.raises(ValidationError):
-        host.hook.reame_configure(settings=settings, model=FakeBackend().info)
+        host.hook.reame_configure(settings=settings, model=FakeBackend().info, hook=host.hook)
 
 
 # ------------------------------------------------------------------ requests
