@@ -90,7 +90,7 @@ def _engine_flags(parser: argparse.ArgumentParser, plugins: PluginHost | None) -
 def _sampling_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("generation")
     group.add_argument("--max-tokens", type=int, default=512)
-    group.add_argument("--temperature", type=float, default=0.0)
+    group.add_argument("--temperature", type=float, help="default 0 (greedy)")
     group.add_argument("--seed", type=int)
     group.add_argument("--system", help="system message")
 

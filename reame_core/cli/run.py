@@ -28,12 +28,14 @@ HELP = """Commands:
 @dataclass
 class Conversation:
     """The chat so far, and what each of its requests asks: sampling and the request fields
-    plugins' flags set (a grammar, a schema)."""
+    plugins' flags set (a grammar, a schema). `unset`: the sampling settings the user left
+    at their defaults (a plugin may choose them: best-of-N samples at its temperature)."""
 
     params: SamplingParams
     system: str | None = None
     messages: list[dict[str, str]] = field(default_factory=list)
     extensions: dict[str, Any] = field(default_factory=dict)
+    unset: frozenset[str] = frozenset()
 
     def with_system(self) -> list[dict[str, str]]:
         head = [{"role": "system", "content": self.system}] if self.system else []
@@ -43,10 +45,14 @@ class Conversation:
 def run_command(settings: Settings, args: argparse.Namespace, prompt: str) -> int:
     piped = "" if sys.stdin.isatty() else sys.stdin.read()
     text = "\n\n".join(part for part in (piped.strip(), prompt.strip()) if part)
-    params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
+    temperature = 0.0 if args.temperature is None else args.temperature
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=temperature, seed=args.seed)
+    conversation = Conversation(
+        params,
+        args.system,
+        extensions=request_extensions(args),
+        unset=frozenset({"temperature"}) if args.temperature is None else frozenset(),
     )
-    conversation = Conversation(params, args.system, extensions=request_extensions(args))
     runtime = start_runtime(settings)
     try:
         if text or not sys.stdin.isatty():
@@ -75,7 +81,11 @@ def reply(runtime: Runtime, conversation: Conversation, out: TextIO) -> str:
     # The conversation is a session: its KV stays pinned, and is made exactly reusable
     # while the user types the next turn.
     request = GenerationRequest(
-        tokens, params, extensions=conversation.extensions, session_id="reame-run"
+        tokens,
+        params,
+        extensions=conversation.extensions,
+        session_id="reame-run",
+        unset=conversation.unset,
     )
     try:
         finished = runtime.engine.generate(request, on_event=show)
@@ -157,3 +167,4 @@ def apply_setting(conversation: Conversation, key: str, value: str) -> None:
         raise ValueError(f"unknown setting {key!r}; one of {', '.join(converters)}, system")
     converted: Any = converters[key](value)
     conversation.params = replace(conversation.params, **{key: converted})
+    conversation.unset -= {key}

@@ -58,6 +58,8 @@ CONTRACT = {
     "test_best_of_runs_n_candidates_streams_nothing_before_choosing_and_returns_the_likeliest",
     "reame_select_candidates": "tests/contract/test_selection.py::"
     "test_stop_others_ends_the_unfinished_candidates_at_once",
+    "reame_answer_extractors": "plugins/reame_conclave/tests/test_conclave_plugin.py::"
+    "test_a_settled_vote_stops_the_running_candidates_and_frees_their_slots",
     # reporting
     "reame_describe": "tests/contract/test_reporting.py::"
     "test_description_is_the_plugins_line_in_the_listing",

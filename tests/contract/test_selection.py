@@ -155,3 +155,43 @@ def test_a_plan_wider_than_the_servers_slots_is_refused_at_submit(
 
     with pytest.raises(RequestError, match="5 candidates"):
         engine.submit(GenerationRequest([1, 2, 3], extensions={"best_of": 5}), lambda e: None)
+
+
+def test_later_candidates_start_when_selection_asks_with_the_prompt_computed_once(
+    install_plugins: InstalledPlugins, make_engine: MakeEngine
+) -> None:
+    params = SamplingParams(max_tokens=9, temperature=1.0, seed=21, ignore_eos=True)
+    engine = make_engine(install_plugins("waves", "lifecycle"), n_seq_max=4)
+
+    finish = engine.generate(GenerationRequest([1, 2, 3, 4], params, extensions={"waves": [5, 2]}))
+
+    events = install_plugins.module("lifecycle").events
+    order = [(e[0], int(e[2])) for e in events if e[0] in ("started", "finished")]
+    assert order == [
+        ("started", 0), ("started", 1), ("finished", 0), ("finished", 1),
+        ("started", 2), ("started", 3), ("finished", 2), ("finished", 3),
+        ("started", 4), ("finished", 4),
+    ]  # fmt: skip
+    assert engine.stats.prefill_tokens == 4
+    assert finish.report == {"waves": {"ran": 5}}
+    views = install_plugins.module("waves").views
+    alone = make_engine(PluginHost(discover=False))
+    for view in views:  # each later candidate decoded from the restored prompt KV
+        seed = dataclasses.replace(params, seed=21 + view.candidate)
+        assert (
+            view.tokens
+            == alone.generate(GenerationRequest([1, 2, 3, 4], seed)).candidates[0].tokens
+        )
+
+
+def test_the_final_selections_report_is_a_field_of_the_response(
+    install_plugins: InstalledPlugins, serve: Serve
+) -> None:
+    client = serve(install_plugins("waves"))
+    body = {"prompt": "Hi", "max_tokens": 4, "waves": [3, 3]}
+
+    reply = client.post("/v1/completions", json=body)
+
+    assert reply.status_code == 200
+    assert reply.json()["waves"] == {"ran": 3}
+    assert len(reply.json()["choices"]) == 1
