@@ -250,8 +250,8 @@ def reame_plan_candidates(request: GenerationRequest, model: ModelInfo) -> Candi
     return one; a voter asks to select after every step. Return None to leave it alone.
 
     Called once per request, after ``reame_check_request``, on the same (submitting)
-    thread: answer from the request alone. A plan for
-    fewer candidates than `n` or more than the server's slots is refused (a 400).
+    thread: answer from the request alone. A plan for fewer candidates than `n`, or running
+    more at once than the server has slots, is refused (a 400).
     Requests without a plan cost selection nothing per step. See `CandidatePlan`.
     """
 
