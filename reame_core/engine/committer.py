@@ -123,8 +123,8 @@ class Committer:
         self._commit(seq, [token], [logprob] if logprob else [])
 
     def start_later(self, running: Seq[RequestGroup]) -> None:
-        """Start the candidates selections asked for, as slots allow (before admission:
-        their requests already run, within the slots they held)."""
+        """Start the candidates selections asked for, as slots allow, within the slots
+        their requests may hold at once."""
         for group in running:
             while group.to_start and (seq := self.scheduler.start_later(group)) is not None:
                 if seq.phase is Phase.DECODING:
@@ -247,9 +247,8 @@ class Committer:
             for other in group.sequences:
                 if not other.finished and other.candidate not in selection.chosen:
                     self._finish(other, "abandoned")
-        elif selection.start > 0:
+        elif selection.start > 0:  # they start at the next step, when admission allows
             group.to_start += min(selection.start, group.unstarted)
-            self.start_later([group])
 
     def _ended(self, seq: Candidate) -> None:
         """Every sequence passes here once, however it ends."""

@@ -273,8 +273,11 @@ class Engine:
         """Advance every request by one decode. Returns False when there was nothing to do."""
         self._take_inbox(block=False)
         self._reap_cancelled()
-        self.committer.start_later(self.scheduler.running)
+        # Waiting requests take free slots before a running one's later candidates, unless
+        # those have waited their turn (the same bound as a wide request's).
+        self.committer.start_later(self.scheduler.overdue())
         self._admit()
+        self.committer.start_later(self.scheduler.running)
         calls = self.scheduler.schedule()
         if not calls:
             return self.runner.refresh_session()

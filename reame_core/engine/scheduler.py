@@ -89,6 +89,7 @@ class Scheduler:
         be passed by later ones that fit, at most `n_seq_max` of them. After that nothing
         starts before it, so the running requests free its slots as they finish: a wide
         request waits a bounded time, and small ones are not held up behind it meanwhile.
+        Candidates a running request starts later wait the same way (see `overdue`).
         """
         if not self.waiting:
             return None
@@ -100,9 +101,19 @@ class Scheduler:
             if group is not None:
                 head.passed_by += 1
         if group is not None:
+            for running in self.running:
+                if running.to_start:
+                    running.passed_by += 1
             self.waiting.remove(group)
             self.running.append(group)
+            group.passed_by = 0
         return group
+
+    def overdue(self) -> list[RequestGroup]:
+        """Running requests whose later candidates have let `n_seq_max` requests start
+        before them: they go first now."""
+        limit = self.info.n_seq_max
+        return [g for g in self.running if g.to_start and g.passed_by >= limit]
 
     def start_later(self, group: RequestGroup) -> Candidate | None:
         """One of the candidates a selection asked for, in a free slot with the prompt's KV

@@ -144,7 +144,7 @@ class RequestGroup:
     cancelled: bool = False
     stop_others: bool = False
     selection_due: bool = False
-    passed_by: int = 0  # later requests admitted while this one waited for slots
+    passed_by: int = 0  # later requests admitted while it waited for slots (or to start more)
     seed: int = 0
     sampler: TokenSampler | None = None  # candidate 0's, unused: later ones fork it
     prompt_state: bytes | None = None

@@ -29,6 +29,7 @@ class Witness:
     (the answer is the text's length), and a record of the candidates that ran."""
 
     ran: list[Ran] = field(default_factory=list)
+    starts: list[tuple[str, int]] = field(default_factory=list)  # (request id, candidate)
     started: int = 0
     most_at_once: int = 0
     running: int = 0
@@ -40,6 +41,7 @@ class Witness:
     @hookimpl
     def reame_sequence_started(self, seq: SequenceView) -> None:
         self.started += 1
+        self.starts.append((seq.request_id, getattr(seq, "candidate", -1)))
         self.running += 1
         self.most_at_once = max(self.most_at_once, self.running)
 

@@ -227,6 +227,36 @@ def test_a_wide_vote_and_small_requests_queued_behind_it_are_all_served(
     assert run.witness.most_at_once <= 4
 
 
+def test_requests_queued_behind_a_vote_start_before_its_next_wave(voting: MakeVoting) -> None:
+    # The first wave's candidates all end in one step (at max_tokens), freeing every slot.
+    run = voting(n_seq_max=4, step_cost_s=0.002)
+    wide = ask(8, rule="all", max_tokens=40)
+    finished: list[str] = []
+    all_done = threading.Semaphore(0)
+
+    def done(request: GenerationRequest) -> Callable[[Any], None]:
+        def emit(event: Any) -> None:
+            if isinstance(event, FinishEvent):
+                finished.append(request.request_id)
+                all_done.release()
+
+        return emit
+
+    run.engine.submit(wide, done(wide))
+    while run.witness.started < 4:  # the first wave holds every slot
+        threading.Event().wait(0.002)
+    small = [ask(seed=i, temperature=0.7, max_tokens=3) for i in range(3)]
+    for request in small:
+        run.engine.submit(request, done(request))
+    for _ in range(4):
+        assert all_done.acquire(timeout=30)
+
+    # Fewer than n_seq_max of them: each took a slot before the second wave did, so each
+    # ended long before the wide vote's 40-token second wave.
+    assert finished[-1] == wide.request_id
+    assert run.witness.started == 11
+
+
 def test_cancelling_a_vote_ends_every_candidate_and_starts_no_more(
     voting: MakeVoting,
 ) -> None:
