@@ -19,8 +19,13 @@ the rep's). Each rep alternates with/without per workload; the figure is generat
 per second of decoding (prompt time excluded), and ratios are medians of per-rep ratios.
 Outputs of `with` are compared with `without`'s of the same rep, token for token.
 
+With --llama-server, llama.cpp's server runs the same passes, each in a fresh process, with
+its file-backed n-gram cache (`--spec-type ngram-cache --lookup-cache-dynamic FILE`, one
+file per rep and workload, as the archive directory is) against itself with no
+speculation: its figures come from its own `timings`, its outputs are compared as text.
+
     .venv/bin/python benchmarks/palimpsest.py [--reps 3] [--workloads exact near unrelated]
-        [--model PATH] [--name palimpsest]
+        [--model PATH] [--llama-server PATH] [--name palimpsest]
 """
 
 from __future__ import annotations
@@ -150,6 +155,46 @@ def child(
     }  # fmt: skip
 
 
+def llama_server_pass(
+    binary: str, model_path: str, threads: int, texts_name: str, cache: Path | None
+) -> dict[str, Any]:
+    """One pass through a fresh llama-server: with the n-gram cache file `cache` (created
+    empty if missing: a missing file stops it at start), or with no speculation."""
+    import httpx
+    from common import free_port, running_server
+
+    port = free_port()
+    argv = [binary, "-m", model_path, "-t", str(threads), "-np", "1", "-c", "4096",
+            "--port", str(port), "--no-webui"]  # fmt: skip
+    if cache is not None:
+        cache.touch()
+        argv += ["--spec-type", "ngram-cache", "--lookup-cache-dynamic", str(cache)]
+    tokens, decode_ms, drafted, accepted = 0, 0.0, 0, 0
+    texts = []
+    with running_server(argv, port) as url, httpx.Client(timeout=900) as client:
+        for text in PASSES[texts_name]:
+            body = {
+                "messages": [{"role": "user", "content": text}],
+                "temperature": 0,
+                "max_tokens": MAX_TOKENS,
+            }
+            data = client.post(f"{url}/v1/chat/completions", json=body).raise_for_status().json()
+            timings = data["timings"]
+            tokens += int(timings["predicted_n"])
+            decode_ms += float(timings["predicted_ms"])
+            drafted += int(timings.get("draft_n") or 0)
+            accepted += int(timings.get("draft_n_accepted") or 0)
+            texts.append(data["choices"][0]["message"]["content"])
+    return {
+        "tok_s": tokens / (decode_ms / 1000),
+        "tokens": tokens,
+        "proposed": {"ngram-cache": drafted},
+        "accepted": {"ngram-cache": accepted},
+        "outputs": texts,
+        "cache_bytes": cache.stat().st_size if cache is not None and cache.exists() else None,
+    }
+
+
 def _summed(counts: list[dict[str, int]]) -> dict[str, int]:
     total: dict[str, int] = {}
     for each in counts:
@@ -169,6 +214,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", help="model alias or .gguf path (default: embedded)")
     parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS), choices=WORKLOADS)
+    parser.add_argument("--llama-server", help="llama.cpp's llama-server binary, to compare")
     parser.add_argument("--name", default="palimpsest", help="results file name (no extension)")
     parser.add_argument("--child", nargs="*")
     args = parser.parse_args()
@@ -186,6 +232,15 @@ def main() -> None:
     def run(config: str, texts_name: str, archive: Path) -> dict[str, Any]:
         return measure(script, config, texts_name, str(archive), *extra)
 
+    model_path = ""
+    if args.llama_server:
+        from reame_core.models import resolve_model
+
+        model_path = str(resolve_model(args.model or Settings().model).path)
+
+    def theirs(texts_name: str, cache: Path | None) -> dict[str, Any]:
+        return llama_server_pass(args.llama_server, model_path, args.threads, texts_name, cache)
+
     reps: dict[str, list[dict[str, Any]]] = {w: [] for w in args.workloads}
     for _ in range(args.reps):
         with tempfile.TemporaryDirectory() as scratch:
@@ -194,19 +249,25 @@ def main() -> None:
                 without = run("without", "exact", root / "none")
                 first = run("with", "exact", root / "exact")
                 second = run("with", "exact", root / "exact")
-                reps["exact"].append({"first": first, "second": second, "without": without})
+                rep = {"first": first, "second": second, "without": without}
+                if args.llama_server:
+                    rep["ls_without"] = theirs("exact", None)
+                    rep["ls_first"] = theirs("exact", root / "exact.lcd")
+                    rep["ls_second"] = theirs("exact", root / "exact.lcd")
+                reps["exact"].append(rep)
             if {"near", "unrelated"} & set(args.workloads):
                 run("with", "near-fill", root / "products")
-            if "near" in args.workloads:
-                reps["near"].append(
-                    {"with": run("with", "near", root / "products"),
-                     "without": run("without", "near", root / "none")}
-                )  # fmt: skip
-            if "unrelated" in args.workloads:
-                reps["unrelated"].append(
-                    {"with": run("with", "unrelated", root / "products"),
-                     "without": run("without", "unrelated", root / "none")}
-                )  # fmt: skip
+                if args.llama_server:
+                    theirs("near-fill", root / "products.lcd")
+            for workload in ("near", "unrelated"):
+                if workload not in args.workloads:
+                    continue
+                rep = {"with": run("with", workload, root / "products"),
+                       "without": run("without", workload, root / "none")}  # fmt: skip
+                if args.llama_server:
+                    rep["ls_with"] = theirs(workload, root / "products.lcd")
+                    rep["ls_without"] = theirs(workload, None)
+                reps[workload].append(rep)
         print(
             json.dumps(
                 {
@@ -242,6 +303,22 @@ def main() -> None:
             row["with_vs_without"] = round(median_ratio(rates["with"], rates["without"]), 3)
             row["outputs_identical_to_without"] = [_same(r["with"], r["without"]) for r in runs]
             mine = "with"
+        if "ls_without" in runs[0]:
+            ls_mine = "ls_second" if workload == "exact" else "ls_with"
+            row["llama_server"] = {
+                "vs_its_own_without": round(median_ratio(rates[ls_mine], rates["ls_without"]), 3),
+                "accepted": _summed([r[ls_mine]["accepted"] for r in runs]),
+                "proposed": _summed([r[ls_mine]["proposed"] for r in runs]),
+                "cache_bytes_by_rep": [r[ls_mine]["cache_bytes"] for r in runs],
+                "outputs_identical_to_its_without": [
+                    _same(r[ls_mine], r["ls_without"]) for r in runs
+                ],
+            }
+            if workload == "exact":
+                row["llama_server"]["second_vs_first"] = round(
+                    median_ratio(rates["ls_second"], rates["ls_first"]), 3
+                )
+            row["reame_vs_llama_server"] = round(median_ratio(rates[mine], rates[ls_mine]), 3)
         row["accepted_by_source"] = _summed([r[mine]["accepted"] for r in runs])
         row["proposed_by_source"] = _summed([r[mine]["proposed"] for r in runs])
         row["archive_by_rep"] = [r[mine]["archive"] for r in runs]
