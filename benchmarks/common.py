@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -56,12 +56,13 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(argv: Sequence[str], port: int) -> Iterator[str]:
+def running_server(argv: Sequence[str], port: int, log: IO[bytes] | None = None) -> Iterator[str]:
     """Start an HTTP server process (Reame's or another's) and wait until /health says
-    200; yields its base URL and stops the process afterwards."""
+    200; yields its base URL and stops the process afterwards. Its log (stderr) goes to
+    `log` when given, for what the server reports about itself."""
     import httpx
 
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log or subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(300):
