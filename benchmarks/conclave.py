@@ -9,8 +9,8 @@ worked example. The working is what gives a vote something to work with: sampled
 candidates that reason their way to a number reach different numbers when the model is
 unsure and the same one when it is not, whereas a bare number is mostly the model's first
 guess sampled again (and the smallest models do not keep to "just the number" anyway).
-Every answer, single or voted, is read with the plugin's own default extractor (the
-last number in the text).
+Every answer, single or voted, is read with the plugin's own default extractor (the number
+after its last "Answer:", else the last number in the text).
 
 Configurations, all against one server:
   greedy               one answer, temperature 0;
@@ -45,7 +45,7 @@ state, so two identical best-of requests may not return the same candidates; wit
 ``--speculate off`` they do, and the rules are compared on the very same candidates.
 
 max_tokens is 64: the smallest models ramble past their answer line, and a candidate cut
-short by max_tokens does not vote.
+short by max_tokens votes only if it wrote its answer line before.
 
     .venv/bin/python benchmarks/conclave.py [--model smollm2-135m] [--questions 50] \
         [--configs greedy,sampled,best5-adaptive,...] [--max-tokens 64] \

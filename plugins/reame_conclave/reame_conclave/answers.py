@@ -22,6 +22,8 @@ from reame_core.hooktypes import AnswerExtractor
 _NUMBER = re.compile(r"(?<![\w.])[-+\u2212]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?(?![\w])")
 # The words that lead an answer line, dropped before comparing ("Answer: Paris").
 _LEAD = re.compile(r"^(?:(?:the\s+)?(?:final\s+)?answer\s*(?:is)?\s*[:=]?\s*|a\s*[:.]\s*)", re.I)
+# "Answer: 12", "The final answer is 12.", "**Answer:** 12": the rest of that line.
+_MARKED = re.compile(r"(?:final\s+)?answer\W{0,3}\s*(?:is|:|=)\W{0,3}[ \t]*([^\n]*)", re.I)
 LINE_LIMIT = 120  # longer last lines are prose, not a short answer
 PATTERN_LIMIT = 1000
 REGEX_SECONDS = 0.05
@@ -69,9 +71,22 @@ def final_line(text: str, argument: str | None = None) -> str | None:
 
 
 def default_answer(text: str, argument: str | None = None) -> str | None:
-    """The final number when there is one (arithmetic, counts, amounts), else the final
-    short line (a label, a name, yes or no)."""
+    """What follows the last "Answer:" (or "the answer is") when the text says it: its
+    first number, else that line. Otherwise the final number when there is one
+    (arithmetic, counts, amounts), else the final short line (a label, a name, yes or no)."""
+    marked = _MARKED.findall(text)
+    if marked:
+        said = marked[-1].strip()
+        number = _NUMBER.search(said)
+        return normalise_number(number.group(0)) if number else final_line(said)
     return final_number(text) or final_line(text)
+
+
+def through_marked_answer(text: str) -> str | None:
+    """The text up to the end of the line where it last says its answer ("Answer: 12"),
+    or None if it never does: what a candidate cut off by max_tokens had settled on."""
+    found = list(_MARKED.finditer(text))
+    return text[: found[-1].end()] if found and found[-1].group(1).strip() else None
 
 
 def whole_text(text: str, argument: str | None = None) -> str | None:

@@ -132,15 +132,17 @@ class Conclave:
         return min(vote.wave or self.slots, self.slots, vote.best_of)
 
     def _tally(self, vote: Vote, candidates: Sequence[CandidateView]) -> Tally:
-        """The ballots of the candidates that finished on their own; one cut off by
-        max_tokens votes with no answer."""
+        """The ballots of the candidates that ran to their end. One cut off by max_tokens
+        votes only with what it had said was its answer ("Answer: 12") before going on;
+        otherwise its last words are no answer."""
         extract = self.extractors[vote.answer]
+
+        def answer(c: CandidateView) -> str | None:
+            text = c.text if c.finish_reason == "stop" else answers.through_marked_answer(c.text)
+            return None if text is None else extract(text, vote.argument)
+
         return Tally(
-            tuple(
-                ballot(c, extract(c.text, vote.argument) if c.finish_reason == "stop" else None)
-                for c in candidates
-                if c.finish_reason in ("stop", "length")
-            )
+            tuple(ballot(c, answer(c)) for c in candidates if c.finish_reason in ("stop", "length"))
         )
 
     def _result(

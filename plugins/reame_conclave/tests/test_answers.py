@@ -9,6 +9,7 @@ from reame_conclave.answers import (
     final_number,
     json_field,
     regex_match,
+    through_marked_answer,
     whole_text,
 )
 
@@ -44,6 +45,26 @@ def test_final_line_drops_a_leading_answer_label_case_and_punctuation() -> None:
 
 def test_a_long_last_line_is_prose_not_a_short_answer() -> None:
     assert final_line("word " * 40) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        ("7 + 5 = 12.\nAnswer: 12 apples (7 + 5)", "12"),
+        ("The final answer is **42**. Checking: 40 + 2.", "42"),
+        ("Answer: Paris\nIt has 2 million people.", "paris"),
+    ],
+)
+def test_the_default_reads_what_follows_the_last_answer_marker(text: str, answer: str) -> None:
+    assert default_answer(text) == answer
+
+
+def test_a_cut_off_text_keeps_what_it_said_its_answer_was() -> None:
+    assert through_marked_answer("3 + 4 = 7.\nAnswer: 7\nNow another 12") == (
+        "3 + 4 = 7.\nAnswer: 7"
+    )
+    assert through_marked_answer("3 + 4 = 7 and then 12") is None
+    assert through_marked_answer("Answer:") is None
 
 
 def test_the_default_prefers_a_number_and_falls_back_to_the_last_line() -> None:

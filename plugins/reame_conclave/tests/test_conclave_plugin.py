@@ -374,3 +374,20 @@ def test_reame_run_takes_best_of_and_vote_as_request_fields() -> None:
 
     assert vars(options)["extensions.best_of"] == 5
     assert vars(options)["extensions.vote"] == {"rule": "all"}
+
+
+def test_a_candidate_cut_off_after_its_answer_line_votes_with_it() -> None:
+    from reame_core.hooktypes import CandidateView
+
+    conclave = Conclave()
+    views = [
+        CandidateView(0, (1, 2), "7 + 5 = 12.\nAnswer: 12\nAlso", "length", -1.0),
+        CandidateView(1, (1, 2), "7 + 5 = 12, so 13", "length", -1.0),
+        CandidateView(2, (1, 2), "Answer: 12", "stop", -1.0),
+    ]
+    request = GenerationRequest(PROMPT, SamplingParams(), extensions={"best_of": 3})
+
+    selection = conclave.reame_select_candidates(request=request, candidates=views, final=True)
+
+    assert selection is not None
+    assert selection.report["conclave"]["tally"] == {"12": 2}
