@@ -115,11 +115,10 @@ def test_non_finite_body_is_refused(client: Client) -> None:
     [
         '{"prompt": "The sea", "temperature": 1' + "0" * 400 + "}",
         '{"prompt": "The sea", "logit_bias": {"120": -1' + "0" * 400 + "}}",
-        '{"prompt": "The sea", "seed": 1' + "0" * 400 + "}",
         '{"prompt": "The sea", "max_tokens": 1' + "0" * 5000 + "}",
         '{"prompt": [256, 1' + "0" * 5000 + "]}",
     ],
-    ids=["float field", "bias", "seed", "5000 digits", "5000-digit token"],
+    ids=["float field", "bias", "5000 digits", "5000-digit token"],
 )
 def test_integer_too_large_for_its_field_is_refused(client: Client, raw: str) -> None:
     openai_error(post_raw(client, TEXT, raw), 400)
