@@ -84,15 +84,20 @@ def message_text(content: str | Sequence[Any] | None, index: int) -> str:
         return ""
     if isinstance(content, str):
         return content
+    param = f"messages[{index}].content"
     texts = []
     for part in content:
         if not isinstance(part, Mapping) or part.get("type") != "text":
             kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
             raise RequestError(
-                f"messages[{index}].content: only text parts are supported, not {kind!r}.",
-                param=f"messages[{index}].content",
+                f"'{param}' holds a part of type {kind!r}; this server takes text only "
+                "(parts of type 'text').",
+                param=param,
             )
-        texts.append(str(part.get("text", "")))
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise RequestError(f"A text part of '{param}' needs a string 'text'.", param=param)
+        texts.append(text)
     return "".join(texts)
 
 

@@ -24,6 +24,10 @@ class ContextOverflowError(RequestError):
         super().__init__(message, param=param, code="context_length_exceeded")
 
 
+class SettingsError(ReameError):
+    """Settings that cannot be honoured as given (a file they name that cannot be read)."""
+
+
 class ModelLoadError(ReameError):
     """The model file is missing, unreadable or not a model llama.cpp can load."""
 

@@ -30,6 +30,19 @@ stopped before it finished (`Selection.stop_others`), its text cut short; "cance
 
 _request_ids = itertools.count(1)
 
+# Bounds on what a request may ask of the sampler, where OpenAI's own are too tight for a
+# local server's uses but some bound must hold: each costs the engine thread work at every
+# step of every sequence sharing the batch.
+MAX_STOPS = 16
+"""Stop strings per request (OpenAI takes 4)."""
+MAX_STOP_CHARS = 256
+"""Characters per stop string. Output that could begin a stop string is held back, and each
+step compares the held text's ends with every stop's beginnings: the cost grows with the
+square of a stop's length. Real stop strings are markers ("\n\n", "</answer>", "```")."""
+MAX_LOGIT_BIAS = 2048
+"""Entries of a logit bias. OpenAI takes 300; allowing exactly the digits of a large
+vocabulary already takes over a thousand."""
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -65,11 +78,17 @@ class SamplingParams:
             ("penalty_last_n", self.penalty_last_n >= 0, "must be 0 or positive"),
             (
                 "logit_bias",
-                all(-100.0 <= bias <= 100.0 for bias in self.logit_bias.values()),
-                "maps token ids to values in [-100, 100]",
+                len(self.logit_bias) <= MAX_LOGIT_BIAS
+                and all(-100.0 <= bias <= 100.0 for bias in self.logit_bias.values()),
+                f"maps at most {MAX_LOGIT_BIAS} token ids to values in [-100, 100]",
             ),
             ("logprobs", self.logprobs is None or 0 <= self.logprobs <= 20, "must be in [0, 20]"),
-            ("stop", len(self.stop) <= 16 and all(self.stop), "at most 16 non-empty strings"),
+            (
+                "stop",
+                len(self.stop) <= MAX_STOPS
+                and all(0 < len(stop) <= MAX_STOP_CHARS for stop in self.stop),
+                f"holds at most {MAX_STOPS} strings of 1 to {MAX_STOP_CHARS} characters",
+            ),
         ]
         for name, ok, message in checks:
             if not ok:

@@ -21,6 +21,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from reame_core.errors import SettingsError
+
 SectionT = TypeVar("SectionT", bound=BaseModel)
 
 _CONFIG_ENV = "REAME_CONFIG"
@@ -32,6 +34,9 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         extra="forbid",
         validate_default=True,
+        # An error names the setting and what is wrong with it, never the value: some are
+        # API keys.
+        hide_input_in_errors=True,
     )
 
     model: str = Field(
@@ -87,6 +92,9 @@ class Settings(BaseSettings):
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Bearer keys the API accepts (none: open API)."
     )
+    # The environment's spelling of the `--api-key` flag; without this field REAME_API_KEY
+    # would be ignored, and the server open.
+    api_key: str | None = Field(None, description="One more bearer key the API accepts.")
     api_key_file: Path | None = Field(None, description="File with one API key per line.")
     max_queue: int = Field(64, ge=0, description="Requests waiting beyond the busy slots.")
     max_body_bytes: int = Field(8 << 20, ge=1024, description="Largest request body accepted.")
@@ -113,6 +121,25 @@ class Settings(BaseSettings):
                 return json.loads(value)
             return [name.strip() for name in value.split(",") if name.strip()]
         return value
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _keys_were_given(cls, value: Any) -> Any:
+        # "" or " , " is a key that went missing (an unset shell variable), not a wish for
+        # an open API: the way to run without keys is to set none.
+        if isinstance(value, str) and not value.strip(" ,"):
+            raise ValueError("it is set but holds no key; leave it unset to run without keys")
+        return value
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys_are_sendable(cls, keys: list[str]) -> list[str]:
+        return [_checked_key(key) for key in keys]
+
+    @field_validator("api_key")
+    @classmethod
+    def _key_is_sendable(cls, key: str | None) -> str | None:
+        return None if key is None else _checked_key(key)
 
     @classmethod
     def settings_customise_sources(
@@ -146,14 +173,29 @@ class Settings(BaseSettings):
                 os.environ[_CONFIG_ENV] = previous
 
     def all_api_keys(self) -> list[str]:
-        """Keys from settings and from `api_key_file` (blank lines and # comments skipped)."""
-        keys = list(self.api_keys)
-        if self.api_key_file is not None:
-            for line in self.api_key_file.read_text().splitlines():
-                line = line.strip()
-                if line and not line.startswith("#"):
-                    keys.append(line)
-        return keys
+        """Keys from settings and from `api_key_file` (blank lines and # comments skipped).
+
+        A key file that cannot be read or holds no key stops the server from starting: it
+        was meant to guard the API, and must not leave it open."""
+        keys = [*self.api_keys, *([self.api_key] if self.api_key is not None else [])]
+        if self.api_key_file is None:
+            return keys
+        path = self.api_key_file
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as error:
+            raise SettingsError(f"The API key file {path} cannot be read: {error}") from None
+        found = [line.strip() for line in lines]
+        found = [line for line in found if line and not line.startswith("#")]
+        if not found:
+            raise SettingsError(
+                f"The API key file {path} holds no key (one per line; blank lines and "
+                "# comments are skipped)."
+            )
+        try:
+            return keys + [_checked_key(key) for key in found]
+        except ValueError as error:
+            raise SettingsError(f"The API key file {path}: {error}.") from None
 
     def plugin_section(self, name: str, model: type[SectionT]) -> SectionT:
         """This plugin's own settings, validated by the plugin's model.
@@ -178,6 +220,17 @@ class Settings(BaseSettings):
     @property
     def cache_path(self) -> Path:
         return self.cache_dir.expanduser() if self.cache_dir else default_cache_dir()
+
+
+def _checked_key(key: str) -> str:
+    """A bearer key without its surrounding blanks, if a client can send it in a header:
+    printable ASCII, not empty."""
+    key = key.strip()
+    if not key:
+        raise ValueError("an API key is empty; leave the keys unset to run without keys")
+    if not all(" " <= char <= "~" for char in key):
+        raise ValueError("an API key holds a character other than printable ASCII")
+    return key
 
 
 def default_cache_dir() -> Path:

@@ -100,10 +100,12 @@ def load_in_background(
 
 
 def serve(settings: Settings) -> int:
+    # Before anything else: a key file that holds no key stops Reame (`SettingsError`)
+    # rather than leaving the API open.
+    server = ServerState(settings, api_keys=settings.all_api_keys())
     # Before the port opens: a llama.cpp build that cannot run on this CPU stops Reame with
     # one message instead of a server that never turns healthy (cached after the first start).
     build = ensure_build_runs(settings)
-    server = ServerState(settings, api_keys=settings.all_api_keys())
     app = create_app(server)
     load_in_background(server, functools.partial(start_runtime, build=build))
     log.info(

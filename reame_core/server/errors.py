@@ -44,6 +44,11 @@ class APIError(Exception):
         self.code = code
 
 
+def shown(value: str, limit: int = 100) -> str:
+    """A client's string quoted in an error message, cut short when it is long."""
+    return repr(value if len(value) <= limit else value[:limit] + "...")
+
+
 def error_body(status: int, message: str, param: str | None, code: str | None) -> dict[str, Any]:
     kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}

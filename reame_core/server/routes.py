@@ -18,7 +18,6 @@ import structlog
 from litestar import Controller, Request, Response, get, post
 from litestar.background_tasks import BackgroundTask
 from litestar.datastructures import State
-from litestar.params import JSONBody
 from litestar.response import Stream
 
 from reame_core.logs import prompts_allowed
@@ -276,14 +275,12 @@ class CompletionsController(Controller):
     path = "/v1"
 
     @post("/chat/completions", status_code=200)
-    async def chat(self, request: Request[Any, Any, Any], data: JSONBody[Any]) -> Response[Any]:
-        return await _serve(request, data, "chat")
+    async def chat(self, request: Request[Any, Any, Any]) -> Response[Any]:
+        return await _serve(request, "chat")
 
     @post("/completions", status_code=200)
-    async def completions(
-        self, request: Request[Any, Any, Any], data: JSONBody[Any]
-    ) -> Response[Any]:
-        return await _serve(request, data, "text")
+    async def completions(self, request: Request[Any, Any, Any]) -> Response[Any]:
+        return await _serve(request, "text")
 
     @get("/models")
     async def models(self, state: State) -> dict[str, Any]:
@@ -309,12 +306,15 @@ class CompletionsController(Controller):
         }
 
 
-async def _serve(request: Request[Any, Any, Any], data: Any, kind: Kind) -> Response[Any]:
-    """The request's one path: prepare (parse, tokenize, check) -> admit -> submit -> reply."""
+async def _serve(request: Request[Any, Any, Any], kind: Kind) -> Response[Any]:
+    """The request's one path: prepare (read, parse, tokenize, check) -> admit -> submit ->
+    reply. The body is read as bytes (413 past the size limit, as it streams in) and parsed
+    by `prepare`, strictly, rather than by the framework."""
     started = time.perf_counter()
     server: ServerState = request.app.state.server
+    body = await request.body()
     runtime = server.ready()
-    call = await prepare(runtime, kind, data, request.headers.get(SESSION_HEADER))
+    call = await prepare(runtime, kind, body, request.headers.get(SESSION_HEADER))
     server.admit(call)  # 429 here: the engine has not seen the call
     call.submit(partial(server.release, call.places), _latency_observer(server.metrics, started))
     reply = _Reply(call)

@@ -19,6 +19,7 @@ constrains the calls, which the core requires unless ``tool_choice`` is "none".
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from functools import cached_property
 from typing import Any, ClassVar, Literal
@@ -28,6 +29,7 @@ from pydantic_core import PydanticCustomError
 
 from reame_core.errors import RequestError
 from reame_core.request import SamplingParams
+from reame_core.server.errors import shown
 from reame_core.tools import NO_PARAMETERS, FunctionTool, ToolUse
 
 
@@ -98,6 +100,9 @@ class ResponseFormat(_Strict):
 
 
 _SAMPLING_FIELDS = frozenset({"temperature", "top_p", "top_k", "min_p", "seed"})
+# A token id as a logit_bias key: ASCII digits only (str.isdigit takes any script's digits),
+# and few enough that converting one costs nothing (the model checks the range).
+_TOKEN_ID = re.compile(r"-?[0-9]{1,18}")
 
 
 class _Generation(_Strict):
@@ -134,9 +139,9 @@ class _Generation(_Strict):
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         bias: dict[int, float] = {}
         for key, value in (self.logit_bias or {}).items():
-            if not key.lstrip("-").isdigit():
+            if not _TOKEN_ID.fullmatch(key):
                 raise RequestError(
-                    f"logit_bias keys are token ids written as strings, not {key!r}.",
+                    f"logit_bias keys are token ids written as strings, not {shown(key)}.",
                     param="logit_bias",
                 )
             bias[int(key)] = value

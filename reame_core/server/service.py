@@ -1,7 +1,8 @@
 """What the API does with a request, in the order it happens:
 
-    prepare   parse the body, build and tokenize the prompts, check every limit (off the
-              event loop when the prompt is long enough for tokenizing to matter)
+    prepare   read the body as strict JSON, parse it, build and tokenize the prompts, check
+              every limit (off the event loop when the prompt is long enough for tokenizing
+              to matter)
     admit     take places in the server's queue, or 429 (the engine has not seen it)
     submit    hand the checked requests to the engine
     events    the engine's events, in arrival order, until every request has finished
@@ -32,7 +33,8 @@ from reame_core.errors import RequestError
 from reame_core.hooktypes import CandidatePlan, ModelInfo
 from reame_core.request import Event, FinishEvent, GenerationRequest, context_room
 from reame_core.runtime import Runtime
-from reame_core.server.errors import APIError
+from reame_core.server.errors import APIError, shown
+from reame_core.server.json_body import read_json_body
 from reame_core.server.metrics import ServerMetrics
 from reame_core.server.schemas import ChatCompletionRequest, CompletionRequest, parse_body
 from reame_core.settings import Settings
@@ -86,9 +88,10 @@ class ServerState:
 # ------------------------------------------------------------------------ prepare
 
 
-async def prepare(runtime: Runtime, kind: Kind, data: Any, session: str | None) -> APICall:
-    """Parse and check a request body into an `APICall`, tokenizing its prompts in a worker
-    thread when they are long (the vocabulary is thread-safe; ctypes releases the GIL)."""
+async def prepare(runtime: Runtime, kind: Kind, body: bytes, session: str | None) -> APICall:
+    """Read, parse and check a request body into an `APICall`, tokenizing its prompts in a
+    worker thread when they are long (the vocabulary is thread-safe; ctypes releases the GIL)."""
+    data = read_json_body(body)
     if prompt_chars(data) <= ON_LOOP_CHARS:
         return build_call(runtime, kind, data, session)
     return await anyio.to_thread.run_sync(build_call, runtime, kind, data, session)
@@ -100,10 +103,11 @@ def build_call(runtime: Runtime, kind: Kind, data: Any, session: str | None) -> 
     model = runtime.backend.info
     schema = ChatCompletionRequest if kind == "chat" else CompletionRequest
     body, extensions = parse_body(schema, data, runtime.request_extensions)
+    # The name is only ever compared: it never reaches the model store or the file system.
     if body.model and body.model != model.name:
         raise APIError(
             404,
-            f"The model '{body.model}' does not exist here; this server runs "
+            f"The model {shown(body.model)} does not exist here; this server runs "
             f"'{model.name}' (GET /v1/models).",
             param="model",
             code="model_not_found",

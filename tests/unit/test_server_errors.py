@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+from api_errors import openai_error
 from litestar import Litestar
 from litestar.testing import TestClient
 
@@ -26,33 +26,6 @@ Client = TestClient[Litestar]
 CHAT = "/v1/chat/completions"
 TEXT = "/v1/completions"
 MESSAGES = [{"role": "user", "content": "Tell me about the sea."}]
-
-
-def openai_error(
-    response: httpx.Response,
-    status: int,
-    *,
-    param: str | None = None,
-    code: str | None = None,
-) -> dict[str, Any]:
-    """Assert `response` is exactly OpenAI's error shape with `status`; return the error.
-
-    `param` and `code`, when given, must match; the message must be a sentence for a human.
-    """
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error"}
-    error: dict[str, Any] = body["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert isinstance(error["message"], str) and error["message"]
-    assert isinstance(error["type"], str) and error["type"]
-    assert error["param"] is None or isinstance(error["param"], str)
-    assert error["code"] is None or isinstance(error["code"], str)
-    if param is not None:
-        assert error["param"] == param
-    if code is not None:
-        assert error["code"] == code
-    return error
 
 
 def chat_body(**fields: Any) -> dict[str, Any]:
