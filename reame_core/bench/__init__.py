@@ -14,6 +14,7 @@ host, model and version it was measured on. The research scripts in the reposito
     stats.py      medians and ratios
     host.py       the facts every report names: CPU, cores, RAM, model file, version, date
     against.py    the HTTP workloads, driven against any OpenAI-compatible server
-    report.py     JSON and markdown
+    report.py     the report's rows and provenance, as JSON
+    markdown.py   the report as a markdown table
     plot.py       an SVG of the ratios
 """

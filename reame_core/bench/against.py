@@ -171,10 +171,12 @@ def http_sample(workload: Workload, server: Server, *, quick: bool) -> Sample:
 
 def http_workload(workload: Workload, other: str) -> Workload:
     """The HTTP version of `workload`: Reame's server (A) against `other` (B)."""
+    count = workload.full.requests
+    streams = "one stream" if count == 1 else f"{count} streams"
     return replace(
         workload,
         name=f"{workload.name}@http",
-        title=f"{workload.title.split(',')[0]}, over HTTP: Reame against another server",
+        title=f"{streams} at once over HTTP, Reame against another server",
         feature="reame serve (speculation off), streamed /v1/completions",
         baseline=f"{other}, the same requests",
         goal=1.0,

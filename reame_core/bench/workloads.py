@@ -100,7 +100,7 @@ WORKLOADS: tuple[Workload, ...] = (
         baseline="cold prefill (empty cache)",
         unit="s",
         higher_is_better=False,
-        quick=Size(1, 8, shared_rules=32),
+        quick=Size(1, 8, shared_rules=20),
         full=Size(1, 16, shared_rules=63),
         plugins=("diskkv",),
         baseline_first=True,

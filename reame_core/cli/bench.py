@@ -45,7 +45,7 @@ from reame_core.errors import ReameError
 from reame_core.plugins import PluginHost
 from reame_core.settings import Settings
 
-QUICK_REPS = 1
+QUICK_REPS = 2
 FULL_REPS = 3
 
 
