@@ -1,13 +1,14 @@
 """The ratios as an SVG bar chart, written by hand: no plotting library to install.
 
-One horizontal bar per measured workload, its length the median ratio on a linear scale
-from 0, with a vertical line at 1.0 (no gain) and a mark at each repetition's ratio. Bars
-that did not reach their goal are drawn in another colour; skipped and failed workloads are
-listed with their reason instead of a bar.
+One horizontal bar per measured workload, from the vertical line at 1.0 (no gain) to its
+median ratio, on a logarithmic scale (a disk cache's 30x and a governor's 0.97x on one
+chart), with a mark at each repetition's ratio. Bars that did not reach their goal are drawn
+in another colour; skipped and failed workloads are listed with their reason instead.
 """
 
 from __future__ import annotations
 
+import math
 from html import escape
 
 from reame_core.bench.host import describe_host
@@ -23,11 +24,13 @@ PAID, NOT_PAID = "#2f7d4f", "#c0392b"
 
 def render(report: Report) -> str:
     rows = list(report.rows)
-    measured = [r for r in rows if r.ratio is not None]
-    top = max(
-        [1.5, *(r.ratio or 0 for r in measured), *(x for r in measured for x in r.ratio_by_rep)]
-    )
-    scale = _BARS / (top * 1.05)
+    ratios = [x for r in rows if r.ratio is not None for x in (r.ratio, *r.ratio_by_rep)]
+    low = math.log(min([0.5, *ratios]) / 1.1)
+    high = math.log(max([2.0, *ratios]) * 1.1)
+
+    def x_of(ratio: float) -> float:
+        return _LABEL + _BARS * (math.log(ratio) - low) / (high - low)
+
     width = _LABEL + _BARS + _RIGHT
     height = _TOP + _ROW * len(rows) + 40
     out = [
@@ -49,19 +52,21 @@ def render(report: Report) -> str:
             out.append(f'<text x="{_LABEL}" y="{y + 17}" fill="#888">{escape(label[:90])}</text>')
             continue
         colour = PAID if row.paid else NOT_PAID
-        length = max(1.0, row.ratio * scale)
+        left, right = sorted((x_of(1.0), x_of(row.ratio)))
         out.append(
-            f'<rect x="{_LABEL}" y="{y + 5}" width="{length:.1f}" height="{_ROW - 10}" '
-            f'fill="{colour}"><title>{escape(row.title)}</title></rect>'
+            f'<rect x="{left:.1f}" y="{y + 5}" width="{max(1.0, right - left):.1f}" '
+            f'height="{_ROW - 10}" fill="{colour}"><title>{escape(row.title)}</title></rect>'
         )
         for each in row.ratio_by_rep:
-            x = _LABEL + each * scale
+            x = x_of(each)
             out.append(
                 f'<line x1="{x:.1f}" y1="{y + 3}" x2="{x:.1f}" y2="{y + _ROW - 3}" '
                 'stroke="black" stroke-width="1"/>'
             )
-        out.append(f'<text x="{_LABEL + length + 6:.1f}" y="{y + 17}">{row.ratio:.2f}x</text>')
-    one = _LABEL + scale
+        out.append(
+            f'<text x="{max(right, x_of(1.0)) + 6:.1f}" y="{y + 17}">{row.ratio:.2f}x</text>'
+        )
+    one = x_of(1.0)
     bottom = _TOP + _ROW * len(rows)
     out.append(
         f'<line x1="{one:.1f}" y1="{_TOP - 4}" x2="{one:.1f}" y2="{bottom + 4}" '

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import xml.etree.ElementTree as ElementTree
 from dataclasses import replace
 from pathlib import Path
@@ -94,18 +95,18 @@ def test_the_markdown_keeps_rows_that_did_not_pay_and_says_so() -> None:
     assert any("failed: grammar A: out of memory" in line for line in lines)
 
 
-def test_the_plot_is_an_svg_with_a_bar_per_measured_row_and_a_line_at_one() -> None:
+def test_the_plot_draws_each_measured_ratio_from_the_line_at_one() -> None:
     svg = ElementTree.fromstring(plot.render(report()))
     ns = "{http://www.w3.org/2000/svg}"
     bars = [r for r in svg.iter(f"{ns}rect") if r.get("fill") in (plot.PAID, plot.NOT_PAID)]
     assert [bar.get("fill") for bar in bars] == [plot.PAID, plot.NOT_PAID]
-    widths = [float(bar.get("width") or 0) for bar in bars]
-    assert widths[0] / widths[1] == pytest.approx(1.45 / 0.91, rel=0.01)
-    dashed = [line for line in svg.iter(f"{ns}line") if line.get("stroke-dasharray")]
-    assert len(dashed) == 1
-    one_x = float(dashed[0].get("x1") or 0)
-    bar_x = float(bars[0].get("x") or 0)
-    assert (one_x - bar_x) == pytest.approx(widths[1] / 0.91, rel=0.01)  # the 1.0 mark
+    (one,) = [line for line in svg.iter(f"{ns}line") if line.get("stroke-dasharray")]
+    one_x = float(one.get("x1") or 0)
+    gain, loss = ((float(b.get("x") or 0), float(b.get("width") or 0)) for b in bars)
+    assert gain[0] == pytest.approx(one_x, abs=0.1)  # 1.45x: from the line, rightwards
+    assert loss[0] + loss[1] == pytest.approx(one_x, abs=0.1)  # 0.91x: leftwards to it
+    # logarithmic: the bar of 1.45x is as long as log(1.45) / -log(0.91) times the other's
+    assert gain[1] / loss[1] == pytest.approx(math.log(1.45) / -math.log(0.91), rel=0.02)
     texts = "".join(svg.itertext())
     assert "skipped: plugin conclave is not installed" in texts
 
