@@ -1,5 +1,5 @@
-"""The `reame` command: run, serve, pull, ls, rm, config, doctor, plugins, speculation, and
-the commands plugins add.
+"""The `reame` command: run, serve, pull, ls, rm, config, doctor, plugins, bench, speculation,
+and the commands plugins add.
 
 Flags are turned into `Settings` overrides (flags win over env and the config file); the
 subcommands then start the same runtime the server uses. Plugins add flags for their own
@@ -190,6 +190,10 @@ def build_parser(plugins: PluginHost | None = None) -> argparse.ArgumentParser:
     listing = commands.add_parser("plugins", help="list plugins and the hooks they implement")
     _engine_flags(listing, plugins)
 
+    from reame_core.cli.bench import add_parser as add_bench
+
+    _settings_flags(add_bench(commands), plugins)
+
     speculation = commands.add_parser(
         "speculation", help="what a running server's speculation governor decided, per source"
     )
@@ -285,6 +289,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from reame_core.server.app import serve
 
             return serve(settings)
+        if args.command == "bench":
+            from reame_core.cli.bench import bench_command
+
+            settings = settings_from(args, model=args.model)
+            configure_logging(json=settings.log_json, level=_quiet(settings))
+            return bench_command(settings, args, sys.argv[1:] if argv is None else argv)
         if args.command == "speculation":
             from reame_core.cli.speculation import speculation_command
 
