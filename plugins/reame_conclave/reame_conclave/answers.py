@@ -106,7 +106,8 @@ def regex_match(text: str, argument: str | None) -> str | None:
     if not matches:
         return None
     last = matches[-1]
-    return normalise_text(last.group(1) if last.re.groups else last.group(0)) or None
+    found = last.group(1) if last.re.groups else last.group(0)
+    return normalise_text(found) or None if found is not None else None  # group may not match
 
 
 def check_pattern(pattern: str) -> str | None:

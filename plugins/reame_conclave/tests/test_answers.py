@@ -81,6 +81,7 @@ def test_regex_takes_the_last_match_and_its_first_group() -> None:
     assert regex_match("label=A then label=B", r"label=(\w)") == "b"
     assert regex_match("ok OK", r"ok") == "ok"
     assert regex_match("nothing", r"label=(\w)") is None
+    assert regex_match("abc", r"(x)?") is None  # a group that took no part in the match
 
 
 def test_an_invalid_or_huge_pattern_is_reported() -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -10,7 +11,9 @@ from palimpsest_testing import FinishedSequence, StartArchive, accepted
 
 from reame_core.backend.fake import FakeBackend, FakeVocabulary
 from reame_core.cli import main as cli_main
+from reame_core.engine.engine import Engine
 from reame_core.errors import RequestError
+from reame_core.hookspecs import hookimpl
 from reame_core.hooktypes import DraftRequest
 from reame_core.plugins import PluginHost
 from reame_core.request import GenerationRequest, SamplingParams
@@ -277,3 +280,38 @@ def test_records_hold_uint32_tokens() -> None:
     tokens = np.array([0, 1, 2**32 - 2], dtype=np.uint32)
     (record,) = record_format.scan(record_format.encode(tokens, 1)).records
     assert record.tokens.tolist() == tokens.tolist() and record.prompt_tail == 1
+
+
+class Unanimous:
+    @hookimpl
+    def reame_answer_extractors(self) -> dict[str, Any]:
+        return {"same": lambda text, argument: "x"}
+
+
+def test_candidates_a_vote_stopped_are_not_recorded(archive_dir: Path) -> None:
+    conclave = pytest.importorskip("reame_conclave.plugin")
+    backend = FakeBackend(eos_every=5, n_seq_max=8)
+    archive = Palimpsest()
+    host = PluginHost(discover=False)
+    host.register(archive, "palimpsest")
+    host.register(conclave.Conclave(), "conclave")
+    host.register(Unanimous(), "unanimous")
+    settings = Settings(plugins={"palimpsest": {"dir": str(archive_dir)}})
+    host.hook.reame_configure(settings=settings, model=backend.info, hook=host.hook)
+    assert archive.archivist is not None and archive.archivist.ready.wait(30)
+    engine = Engine(backend, host, speculate="off").start()
+    try:
+        # Every answer agrees: the majority rule stops the rest once the winner cannot change.
+        vote = {"rule": "majority", "answer": "same"}
+        params = SamplingParams(max_tokens=40, temperature=0.8, seed=3)
+        finish = engine.generate(
+            GenerationRequest([1, 2, 3], params, extensions={"best_of": 8, "vote": vote})
+        )
+    finally:
+        engine.stop()
+    assert archive.flush()
+
+    report = finish.report["conclave"]
+    assert report["stopped"] > 0
+    assert len(archived(archive_dir)) == report["finished"]
+    assert archive.reame_collect_stats()["palimpsest"]["not_recorded"] == report["stopped"]
