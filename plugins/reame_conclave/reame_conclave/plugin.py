@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import structlog
+
 from reame_conclave import answers, cli
 from reame_conclave.request_vote import ConclaveSettings, Vote, read_vote
 from reame_conclave.voting import Tally, ballot
@@ -22,6 +24,8 @@ from reame_core.hookspecs import hookimpl
 from reame_core.hooktypes import AnswerExtractor, CandidatePlan, CandidateView, ModelInfo, Selection
 from reame_core.request import GenerationRequest
 from reame_core.settings import Settings
+
+log = structlog.get_logger(__name__)
 
 NAME = "conclave"
 REQUEST_FIELDS = {
@@ -139,7 +143,13 @@ class Conclave:
 
         def answer(c: CandidateView) -> str | None:
             text = c.text if c.finish_reason == "stop" else answers.through_marked_answer(c.text)
-            return None if text is None else extract(text, vote.argument)
+            if text is None:
+                return None
+            try:
+                return extract(text, vote.argument)
+            except Exception as error:  # another plugin's extractor must not stop the engine
+                log.warning("answer extractor failed", extractor=vote.answer, error=repr(error))
+                return None
 
         return Tally(
             tuple(ballot(c, answer(c)) for c in candidates if c.finish_reason in ("stop", "length"))

@@ -36,7 +36,11 @@ class Witness:
 
     @hookimpl
     def reame_answer_extractors(self) -> Mapping[str, AnswerExtractor]:
-        return {"constant": lambda text, arg: "x", "length": lambda text, arg: str(len(text))}
+        return {
+            "constant": lambda text, arg: "x",
+            "length": lambda text, arg: str(len(text)),
+            "broken": lambda text, arg: str(1 / 0),
+        }
 
     @hookimpl
     def reame_sequence_started(self, seq: SequenceView) -> None:

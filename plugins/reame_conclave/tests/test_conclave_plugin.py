@@ -163,6 +163,16 @@ def test_a_wave_that_settles_the_vote_leaves_the_next_unstarted(voting: MakeVoti
     assert report["tokens_saved"] > 0
 
 
+def test_a_failing_extractor_counts_as_no_answer_and_the_engine_keeps_serving(
+    voting: MakeVoting,
+) -> None:
+    run = voting(eos_every=5, n_seq_max=4)
+    finish = run.engine.generate(ask(3, answer="broken"))
+
+    assert conclave_report(finish)["tally"] == {}
+    assert run.engine.generate(ask(seed=2, temperature=0.7)).error is None
+
+
 def test_the_window_rule_stops_a_wave_of_three_that_agrees(voting: MakeVoting) -> None:
     run = voting(eos_every=5, n_seq_max=4)
     finish = run.engine.generate(ask(9, answer="constant", wave=3, rule="window"))
