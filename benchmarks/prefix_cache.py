@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from reame_core.bench import texts
+
 QUESTIONS = [
     "A customer in Vienna wants to return an opened lamp. What do you tell her?",
     "Can we ship lamp oil to Oslo?",
@@ -37,28 +39,7 @@ CONTEXT = {"ctx": 4096, "parallel": 4}
 
 def system_prompt() -> str:
     """A support handbook of about 2,000 tokens: numbered rules, as real ones are."""
-    topics = [
-        ("shipping", "orders leave the Bologna workshop within {d} working days"),
-        ("returns", "unused items may be returned within {d} days in their original box"),
-        ("oil", "lamp oil travels by road only, in bottles of at most {d} litres"),
-        ("wicks", "a wick burns for about {d} hours before it needs trimming"),
-        ("glass", "chimneys are packed in {d} layers of recycled paper"),
-        ("warranty", "brass burners carry a warranty of {d} years against defects"),
-        ("repairs", "the workshop repairs old lamps within {d} weeks of receiving them"),
-        ("payments", "invoices are payable within {d} days by bank transfer or card"),
-    ]
-    rules = []
-    for number in range(63):
-        topic, rule = topics[number % len(topics)]
-        days = 2 + (number * 7) % 29
-        rules.append(
-            f"Rule {number + 1} ({topic}): {rule.format(d=days)}; say so plainly and "
-            "never promise more."
-        )
-    return (
-        "You are the support assistant of Lanterna, a workshop that makes oil lamps. "
-        "Follow these rules exactly.\n" + "\n".join(rules)
-    )
+    return texts.handbook(63)
 
 
 def child(mode: str, cache_dir: str, question: int, threads: int) -> dict[str, Any]:

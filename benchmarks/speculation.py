@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from reame_core.bench import texts
 from reame_core.settings import Settings
 
 # What a 135M model really copies: tasks whose answer repeats most of the prompt.
@@ -57,14 +58,7 @@ REWRITES = (
     "Sizes 38 to 46. Colours: black, blue, red. Weight 280 g. Waterproof upper, recycled "
     "rubber sole. Price 89 euros. Ships in 2 days.",
 )
-# Free text at temperature 1.0: words and digits recur, so prompt lookup proposes, but what
-# followed them before rarely follows again.
-ADVERSARIAL = (
-    "Continue this sequence of random numbers with forty more: 4821 9355 1203 7764 2098 5531",
-    "Write forty random four-digit codes separated by spaces, like 1834 2290 7713.",
-    "List random letter pairs: ab qz kt ab mv qz lp ab kt zz",
-    "Write a wild, surreal story about a city made of glass.",
-)
+ADVERSARIAL = texts.ADVERSARIAL  # free text at temperature 1.0, where drafts miss
 MODES = ("off", "auto", "on")
 WORKLOADS = ("rewrite", "adversarial", "draft-model")
 
