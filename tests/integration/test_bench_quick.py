@@ -16,9 +16,9 @@ def test_quick_decode_bench_measures_the_engine_against_the_raw_loop(tmp_path: P
     report = Report.from_json(saved.read_text())
     (row,) = report.rows
     assert row.failed is None
-    assert row.reps == 1 and row.ratio is not None and row.ratio > 0
+    assert row.reps >= 1 and row.ratio is not None and row.ratio > 0
     assert row.baseline_value is not None and row.baseline_value > 0
-    assert row.identical == "1 of 1"
+    assert row.identical == f"{row.reps} of {row.reps}"
     assert report.model["file"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert report.model["quant"] == "Q4_1"
     assert report.host["logical_cpus"] >= 1
