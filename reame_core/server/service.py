@@ -119,7 +119,8 @@ def build_call(runtime: Runtime, kind: Kind, data: Any, session: str | None) -> 
         prompts, prompt_param = [encode_chat(model, messages, tools=tools)], "messages"
         logprobs = body.logprobs_count
     else:
-        prompts, prompt_param = completion_prompts(model, body), "prompt"
+        most = model.n_seq_max + runtime.settings.max_queue  # what the queue could ever hold
+        prompts, prompt_param = completion_prompts(model, body, most), "prompt"
         logprobs = body.logprobs
     requests, plans = [], []
     for prompt in prompts:
@@ -149,13 +150,23 @@ def build_call(runtime: Runtime, kind: Kind, data: Any, session: str | None) -> 
     )
 
 
-def completion_prompts(model: ModelInfo, body: CompletionRequest) -> list[list[int]]:
-    """A completion's prompts as tokens: text, texts, token ids or lists of token ids."""
+def completion_prompts(
+    model: ModelInfo, body: CompletionRequest, most: int | None = None
+) -> list[list[int]]:
+    """A completion's prompts as tokens: text, texts, token ids or lists of token ids. More
+    prompts than `most` (the places the server's queue has) are refused before any is
+    tokenized: such a call could never be admitted."""
     if body.echo:
         raise RequestError("'echo' is not supported.", param="echo")
     prompt = body.prompt
     if not prompt:
         raise RequestError("The prompt is empty.", param="prompt")
+    count = 1 if isinstance(prompt, str) or isinstance(prompt[0], int) else len(prompt)
+    if most is not None and count > most:
+        raise RequestError(
+            f"The request holds {count} prompts; this server queues at most {most} at once.",
+            param="prompt",
+        )
     if isinstance(prompt, str):
         texts: list[str] | None = [prompt]
     elif all(isinstance(p, str) for p in prompt):

@@ -665,3 +665,13 @@ def test_reame_api_key_in_the_environment_guards_the_api(
 def test_keys_are_read_without_their_surrounding_blanks(serve: Callable[..., Client]) -> None:
     client = serve(Settings(api_keys=[f"  {KEY}\t"]))
     assert client.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"}).is_success
+
+
+def test_more_prompts_than_the_queue_could_ever_hold_are_refused_before_tokenizing(
+    client: Client,
+) -> None:
+    response = client.post("/v1/completions", json={"prompt": ["a"] * 200_000, "max_tokens": 1})
+
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "prompt"
+    assert "200000 prompts" in response.json()["error"]["message"]
