@@ -99,6 +99,7 @@ class ResponseFormat(_Strict):
     json_schema: dict[str, Any] | None = None
 
 
+SESSION_ID_LIMIT = 200  # characters, in the body or the X-Session-ID header
 _SAMPLING_FIELDS = frozenset({"temperature", "top_p", "top_k", "min_p", "seed"})
 # A token id as a logit_bias key: ASCII digits only (str.isdigit takes any script's digits),
 # and few enough that converting one costs nothing (the model checks the range).
@@ -131,7 +132,7 @@ class _Generation(_Strict):
     repeat_penalty: float = 1.0
     ignore_eos: bool = False
     # Reame's own: keep this conversation's KV between turns (also header X-Session-ID).
-    session_id: str | None = Field(None, max_length=200)
+    session_id: str | None = Field(None, max_length=SESSION_ID_LIMIT)
     # Reame's own: speculative decoding for this request (default: the server's --speculate).
     speculate: Literal["auto", "on", "off"] | None = None
 

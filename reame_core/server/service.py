@@ -36,7 +36,12 @@ from reame_core.runtime import Runtime
 from reame_core.server.errors import APIError, shown
 from reame_core.server.json_body import read_json_body
 from reame_core.server.metrics import ServerMetrics
-from reame_core.server.schemas import ChatCompletionRequest, CompletionRequest, parse_body
+from reame_core.server.schemas import (
+    SESSION_ID_LIMIT,
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_body,
+)
 from reame_core.settings import Settings
 
 Kind = Literal["chat", "text"]
@@ -101,6 +106,11 @@ def build_call(runtime: Runtime, kind: Kind, data: Any, session: str | None) -> 
     """The engine requests a body asks for, each checked by the engine (`Engine.check`):
     every refusal is raised here, before the call takes a place in the queue."""
     model = runtime.backend.info
+    if session is not None and len(session) > SESSION_ID_LIMIT:
+        raise RequestError(
+            f"The X-Session-ID header is longer than {SESSION_ID_LIMIT} characters.",
+            param="X-Session-ID",
+        )
     schema = ChatCompletionRequest if kind == "chat" else CompletionRequest
     body, extensions = parse_body(schema, data, runtime.request_extensions)
     # The name is only ever compared: it never reaches the model store or the file system.

@@ -675,3 +675,13 @@ def test_more_prompts_than_the_queue_could_ever_hold_are_refused_before_tokenizi
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "prompt"
     assert "200000 prompts" in response.json()["error"]["message"]
+
+
+def test_a_session_header_longer_than_the_body_field_allows_is_refused(client: Client) -> None:
+    body = {"prompt": "Hi", "max_tokens": 1}
+
+    response = client.post("/v1/completions", json=body, headers={"X-Session-ID": "s" * 201})
+
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "X-Session-ID"
+    assert client.post("/v1/completions", json=body, headers={"X-Session-ID": "s" * 200}).is_success
