@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -76,6 +76,23 @@ def running_server(argv: Sequence[str], port: int, log: IO[bytes] | None = None)
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def llama_server(
+    binary: str,
+    model_path: str | Path,
+    threads: int,
+    *,
+    slots: int = 1,
+    ctx: int = 4096,
+    extra: Sequence[str] = (),
+) -> AbstractContextManager[str]:
+    """llama.cpp's own server on `model_path` with these threads, slots and context (its
+    defaults otherwise, plus `extra` flags), running until the block ends; yields its URL."""
+    port = free_port()
+    argv = [binary, "-m", str(model_path), "-t", str(threads), "-np", str(slots),
+            "-c", str(ctx), "--port", str(port), "--no-webui", *extra]  # fmt: skip
+    return running_server(argv, port)
 
 
 def median_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> float:

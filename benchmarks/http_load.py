@@ -165,16 +165,11 @@ def reame_server(threads: int, fast: bool) -> AbstractContextManager[str]:
 
 def llama_server(binary: str, threads: int) -> AbstractContextManager[str]:
     """llama.cpp's own server on the same model, threads and slots (its default settings)."""
-    from common import free_port, running_server
+    import common
 
     from reame_core.models import resolve_model
 
-    port = free_port()
-    return running_server(
-        [binary, "-m", str(resolve_model(None).path), "-t", str(threads), "-np", "8",
-         "-c", "8192", "--port", str(port), "--no-webui"],
-        port,
-    )  # fmt: skip
+    return common.llama_server(binary, resolve_model(None).path, threads, slots=8, ctx=8192)
 
 
 def main() -> None:

@@ -161,17 +161,16 @@ def llama_server_pass(
     """One pass through a fresh llama-server: with the n-gram cache file `cache` (created
     empty if missing: a missing file stops it at start), or with no speculation."""
     import httpx
-    from common import free_port, running_server
+    from common import llama_server
 
-    port = free_port()
-    argv = [binary, "-m", model_path, "-t", str(threads), "-np", "1", "-c", "4096",
-            "--port", str(port), "--no-webui"]  # fmt: skip
+    spec: list[str] = []
     if cache is not None:
         cache.touch()
-        argv += ["--spec-type", "ngram-cache", "--lookup-cache-dynamic", str(cache)]
+        spec = ["--spec-type", "ngram-cache", "--lookup-cache-dynamic", str(cache)]
     tokens, decode_ms, drafted, accepted = 0, 0.0, 0, 0
     texts = []
-    with running_server(argv, port) as url, httpx.Client(timeout=900) as client:
+    server = llama_server(binary, model_path, threads, extra=spec)
+    with server as url, httpx.Client(timeout=900) as client:
         for text in PASSES[texts_name]:
             body = {
                 "messages": [{"role": "user", "content": text}],

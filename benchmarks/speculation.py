@@ -169,12 +169,9 @@ def ceiling(model_path: str | None, threads: int) -> dict[str, Any]:
 def llama_server_rates(binary: str, model_path: str, threads: int, spec: list[str]) -> float:
     """Decode tok/s of llama-server on the rewrite workload, as its own timings report."""
     import httpx
-    from common import free_port, running_server
+    from common import llama_server
 
-    port = free_port()
-    argv = [binary, "-m", model_path, "-t", str(threads), "-c", "2048", "-np", "1",
-            "--port", str(port), "--no-webui", *spec]  # fmt: skip
-    with running_server(argv, port) as url:
+    with llama_server(binary, model_path, threads, ctx=2048, extra=spec) as url:
         tokens, ms = 0, 0.0
         for text in REWRITES:
             body = {

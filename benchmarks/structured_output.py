@@ -48,7 +48,7 @@ import httpx
 import jsonschema
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import free_port, measure, median_ratio, running_server, write_report
+from common import free_port, llama_server, measure, median_ratio, running_server, write_report
 from extraction import DOCUMENTS, SCHEMA, messages, response_format
 
 CONFIGURATIONS = ("reame", "reame-off", "llama-server")
@@ -67,15 +67,6 @@ def reame_server(model: str, threads: int, kv_dir: str) -> AbstractContextManage
         [reame, "serve", model, "--port", str(port), "--threads", str(threads),
          "--log-level", "warning", "--kv-cache-dir", kv_dir,
          "--disable-plugin", "palimpsest"],
-        port,
-    )  # fmt: skip
-
-
-def llama_server(binary: str, model_path: Path, threads: int) -> AbstractContextManager[str]:
-    port = free_port()
-    return running_server(
-        [binary, "-m", str(model_path), "-t", str(threads), "-np", "1", "-c", "4096",
-         "--port", str(port), "--no-webui"],
         port,
     )  # fmt: skip
 
