@@ -86,6 +86,11 @@ class ModelInfo:
     `prefix_trim_safe` is False for sliding-window, recurrent and hybrid models: their
     state cannot be cut back to a shorter prefix, only continued from its full length.
     `vocab` tokenizes and detokenizes for this model from any thread.
+    `chunk_grid`: prompt chunks start at multiples of it, and where reuse must be exact only
+    prefixes of such a length are reused. llama.cpp's CPU matrix kernels compute a
+    micro-batch's rows four at a time and the leftover rows one at a time along another
+    path, so a prompt token's KV is the same in every run only if it sits at the same place
+    in its group of four whichever chunk computed it.
     """
 
     name: str
@@ -106,6 +111,7 @@ class ModelInfo:
     vocab: Vocabulary = field(repr=False, compare=False)
     kv_type: str = "f16"
     n_threads: int = 1  # CPU threads the context computes with
+    chunk_grid: int = 1
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 

@@ -105,6 +105,7 @@ class FakeBackend:
         prefix_trim_safe: bool = True,
         recurrent: bool = False,
         n_threads: int = 1,
+        chunk_grid: int = 1,
         name: str = "fake",
         vocab: FakeVocabulary | None = None,
     ) -> None:
@@ -142,6 +143,7 @@ class FakeBackend:
             vocab=vocab or FakeVocabulary(),
             kv_type="tokens",
             n_threads=n_threads,
+            chunk_grid=chunk_grid,
         )
 
     @property

@@ -69,6 +69,9 @@ def default_flash_attn(deterministic: bool) -> bool:
 
 # A GGUF without a trained context length is old or odd; llama.cpp itself then uses 4096.
 _UNKNOWN_TRAINED_CTX = 4096
+# ggml's repacked quantized kernels multiply four rows of a micro-batch at a time and the rest
+# one by one (repack.cpp); 16 covers that and kernels with groups of eight or sixteen.
+CHUNK_GRID = 16
 # Up to this many tokens, setting the llama_batch's items one by one is cheaper than
 # building arrays and copying them (decode steps, short drafts).
 _FEW = 32
@@ -334,7 +337,9 @@ class LlamaBackend:
         # The build takes part: another llama.cpp version or CPU kernel set may lay out or
         # compute the KV otherwise, and a restored state must equal a cold prefill's.
         build = f"llama.cpp={llama_cpp.__version__}/{system_info()}"
+        # So does the chunk grid: it decides how a restored state's tokens were computed.
         parts = [file_digest(self.path), architecture, f"kv={kv_type}", settings_key, build]
+        parts.append(f"grid={CHUNK_GRID}")
         fingerprint = hashlib.sha256("/".join([*parts, "state-v1"]).encode()).hexdigest()[:32]
         extra: dict[str, Any] = {
             "n_params": llama_cpp.llama_model_n_params(self._model),
@@ -363,6 +368,7 @@ class LlamaBackend:
             kv_type=kv_type,
             n_threads=n_threads,
             extra=extra,
+            chunk_grid=CHUNK_GRID,
         )
 
     @property

@@ -65,8 +65,9 @@ class Committer:
             seq = item.seq
             if seq.finished:  # ended earlier in this step: failed, cancelled or stopped
                 continue
-            self.slots.appended(seq.slot, item.tokens)
-            if seq.phase is Phase.PREFILL:
+            prefill = seq.phase is Phase.PREFILL
+            self.slots.appended(seq.slot, item.tokens, chunk=prefill)
+            if prefill:
                 self.stats.prefill_tokens += len(item.tokens)
                 if seq.prompt_remaining > 0:
                     self.scheduler.store_prefix(seq)

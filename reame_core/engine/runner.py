@@ -71,17 +71,15 @@ class ModelRunner:
         slot = self.slots.stale_session(session)
         if slot is None:
             return False
-        tokens = slot.tokens[slot.exact :] if len(slot.tokens) - slot.exact > 1 else []
-        start = slot.exact
-        if not tokens:  # one stale token: recompute it with its predecessor
-            start = max(0, slot.exact - 1)
-            tokens = slot.tokens[start:]
+        # From the last grid point the exact part reaches, and never a lone stale token.
+        start = self.slots.reusable(slot.exact)
+        if len(slot.tokens) - start == 1:
+            start = self.slots.reusable(max(0, start - 1))
+        tokens = slot.tokens[start:]
         self.slots.truncate(slot, start)
         n_batch = self.backend.info.n_batch
         while tokens:
-            take = min(len(tokens), n_batch)
-            if len(tokens) - take == 1:
-                take -= 1
+            take = self.slots.chunk_end(start, start + len(tokens), n_batch, n_batch) - start
             batch = Batch()
             for offset, token in enumerate(tokens[:take]):
                 batch.add(token, start + offset, slot.seq_id, False)
@@ -93,7 +91,7 @@ class ModelRunner:
                 return True
             self.stats.decode_steps += 1
             self.stats.batch_tokens += take
-            self.slots.appended(slot, tokens[:take])
+            self.slots.appended(slot, tokens[:take], chunk=True)
             start += take
             tokens = tokens[take:]
         return True

@@ -202,12 +202,13 @@ class Scheduler:
         self.stats.prompt_tokens += len(prompt)
         self.stats.reused_tokens += 0 if restored else reused
         self.stats.restored_tokens += len(slot.tokens) if restored else 0
+        # On the grid: a stored prefix is restored and reused like a resident one.
         group.store_points = sorted(
             {
-                point
+                self.slots.reusable(point)
                 for points in self.hook.reame_prefix_store_points(tokens=prompt, model=self.info)
                 for point in points
-                if len(slot.tokens) < point < len(prompt)
+                if len(slot.tokens) < self.slots.reusable(point) < len(prompt)
             }
         )
         group.prefill_started = time.perf_counter()
@@ -225,7 +226,7 @@ class Scheduler:
         if not self.slots.restore(slot, hit.state, held):
             log.warning("stored prefix was refused by the model", source=hit.source)
             return False
-        self.slots.truncate(slot, min(hit.n_tokens, limit))
+        self.slots.truncate(slot, self.slots.reusable(min(hit.n_tokens, limit)))
         return len(slot.tokens) > reused
 
     def store_prefix(self, seq: Candidate) -> None:
@@ -326,19 +327,18 @@ class Scheduler:
         return calls
 
     def _chunk_length(self, seq: Candidate, budget: int) -> int:
-        """How many prompt tokens to compute now: within the budget, ending at the next
-        store point, and never leaving or making a one-token chunk (a chunk of one is
-        computed along the decode path, so its KV would differ from a cold prefill's)."""
-        remaining = seq.prompt_remaining
-        take = min(remaining, max(budget, 2))
+        """How many prompt tokens to compute now: within the budget, on the grid, ending
+        at the next store point, and never leaving or making a one-token chunk (a chunk of
+        one is computed along the decode path, so its KV would differ from a cold
+        prefill's)."""
+        start, stop = seq.n_kv, len(seq.prompt_tokens)
+        end = self.slots.chunk_end(start, stop, budget, self.info.n_batch)
         points = seq.group.store_points
-        while points and points[0] - seq.n_kv < 2:
+        while points and points[0] - start < 2:
             points.pop(0)  # too close to snapshot there without a one-token chunk
-        if points and points[0] - seq.n_kv < take:
-            take = points[0] - seq.n_kv
-        if remaining - take == 1:
-            take = take - 1 if take > 2 else take + 1
-        return min(take, remaining, self.info.n_batch)
+        if points and points[0] < end:
+            end = points[0]
+        return end - start
 
 
 def _seq_id(seq: Candidate) -> int:

@@ -9,7 +9,10 @@ With `exact_reuse` (the deterministic configuration) only the part of a slot's K
 was computed as prompt chunks is reused. llama.cpp computes a lone token per sequence (a
 decode step) along another path than a chunk, so a generated answer's KV differs slightly
 from what a cold prefill of the same text computes, and reusing it could change the next
-tokens. `Slot.exact` counts the leading tokens computed as chunks.
+tokens. `Slot.exact` counts the leading tokens computed as chunks. Prompt chunks start on
+the model's chunk grid (`ModelInfo.chunk_grid`), and only prefixes of a length on the grid
+are reused (`reusable`): a token then sits at the same place in its kernel's group of rows
+in every run, which is what makes its KV the same.
 
 A slot can be pinned to a session (a client's conversation id): other requests copy from
 it instead of taking it, and it is handed out only when no unpinned slot is free. At most
@@ -60,6 +63,8 @@ class KVSlots:
         self._backend = backend
         self._trim_safe = backend.info.prefix_trim_safe
         self._exact_reuse = exact_reuse
+        # Where reuse need not be exact, any length is reused and chunks go anywhere.
+        self.grid = backend.info.chunk_grid if exact_reuse else 1
         self.slots = [Slot(seq_id) for seq_id in range(backend.info.n_seq_max)]
         for slot in self.slots:  # the backend may hold a previous owner's sequences
             backend.seq_rm(slot.seq_id, -1, -1)
@@ -71,6 +76,25 @@ class KVSlots:
     def free_count(self) -> int:
         return sum(not slot.busy for slot in self.slots)
 
+    def reusable(self, length: int) -> int:
+        """The longest prefix of at most `length` tokens that may be reused (on the grid)."""
+        return length - length % self.grid
+
+    def chunk_end(self, start: int, stop: int, budget: int, most: int) -> int:
+        """Where a prompt chunk from `start` (on the grid) towards `stop` ends: after about
+        `budget` tokens and at most `most`, on the grid unless at `stop`, and never leaving
+        a lone last token (a chunk of one is computed along the decode path)."""
+        grid = self.grid
+        end = min(stop, start + min(max(budget, 2), most))
+        if end < stop and grid > 1:
+            end = min(stop, max(end - end % grid, start + grid))
+        if stop - end == 1:
+            if end - grid > start + 1:
+                end -= grid
+            elif stop - start <= most:
+                end = stop
+        return end
+
     def longest_prefix(self, prompt: Sequence[int], limit: int) -> PrefixMatch | None:
         """The slot whose KV shares the most leading tokens with `prompt` (at most `limit`).
 
@@ -81,7 +105,7 @@ class KVSlots:
         for slot in self.slots:
             length = min(common_prefix(slot.tokens, prompt), limit)
             if self._exact_reuse:
-                length = min(length, slot.exact)
+                length = self.reusable(min(length, slot.exact))
             if not self._trim_safe and length != len(slot.tokens):
                 continue
             if length > 0 and (best is None or length > best.length):
@@ -198,10 +222,12 @@ class KVSlots:
     def snapshot(self, slot: Slot) -> bytes:
         return self._backend.get_seq_state(slot.seq_id)
 
-    def appended(self, slot: Slot, tokens: Sequence[int]) -> None:
-        """Record tokens the last decode wrote into the slot (a chunk of several extends
-        the exactly reusable part if it directly follows it)."""
-        if len(tokens) > 1 and slot.exact == len(slot.tokens):
+    def appended(self, slot: Slot, tokens: Sequence[int], *, chunk: bool = False) -> None:
+        """Record tokens the last decode wrote into the slot. A prompt `chunk` of several
+        tokens extends the exactly reusable part if it directly follows it on the grid;
+        decode steps (drafts included) never do."""
+        exact = slot.exact == len(slot.tokens) and len(slot.tokens) % self.grid == 0
+        if chunk and len(tokens) > 1 and exact:
             slot.exact += len(tokens)
         slot.tokens.extend(tokens)
 

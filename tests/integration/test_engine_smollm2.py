@@ -199,7 +199,7 @@ def test_shared_system_prompt_is_reused_and_gives_the_cold_tokens(
     forget_kv(engine)
     cold = engine.generate(request(prompt_b, max_tokens=32, ignore_eos=True))
 
-    assert warm.usage.cached_tokens == shared
+    assert warm.usage.cached_tokens == shared - shared % backend.info.chunk_grid
     assert cold.usage.cached_tokens == 0
     assert tokens_of(warm) == tokens_of(cold)
 
@@ -254,7 +254,9 @@ def test_session_turns_compute_only_the_new_message_and_give_the_cold_tokens(
         if turn > 0:
             new_message = encode_chat(backend.info, [{"role": "user", "content": question}])
             computed = warm.usage.computed_prompt_tokens
-            assert computed <= len(new_message) + 8, (computed, len(new_message))
+            # Reuse stops at the grid point below the turn's end: a few more are computed.
+            most = len(new_message) + 8 + backend.info.chunk_grid
+            assert computed <= most, (computed, len(new_message))
             assert wait_until(lambda: not engine.busy)
             forget_kv(engine)
             cold = engine.generate(request(prompt, max_tokens=24))
@@ -282,7 +284,9 @@ def test_prefix_copied_from_a_busy_slot_gives_the_cold_tokens(
     cold = engine.generate(request(prompt_b, max_tokens=24, ignore_eos=True))
 
     assert still_running
-    assert warm.usage.cached_tokens == common_prefix(prompt_a, prompt_b) > 200
+    shared = common_prefix(prompt_a, prompt_b)
+    assert shared > 200
+    assert warm.usage.cached_tokens == shared - shared % backend.info.chunk_grid
     assert tokens_of(warm) == tokens_of(cold)
 
 

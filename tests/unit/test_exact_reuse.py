@@ -7,9 +7,17 @@ recomputed as a chunk (sessions, when idle), and empties a backend it takes over
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
+from typing import Any
+
 from reame_core.backend.base import Batch
 from reame_core.backend.fake import FakeBackend
 from reame_core.engine.engine import Engine
+from reame_core.engine.slots import KVSlots, PrefixMatch
+from reame_core.hookspecs import hookimpl
+from reame_core.hooktypes import ModelInfo
+from reame_core.plugins import PluginHost
 from reame_core.request import GenerationRequest, SamplingParams
 
 
@@ -85,3 +93,125 @@ def test_new_engine_empties_a_backend_left_holding_sequences() -> None:
         assert len(result.candidates[0].tokens) == 3
     finally:
         engine.stop()
+
+
+# ------------------------------------------------------------------ the chunk grid
+# llama.cpp's repacked kernels compute a micro-batch's rows four at a time and the leftover
+# rows one by one: a prompt token's KV is the same in every run only if every chunk starts on
+# the grid and only prefixes of a length on the grid are reused.
+
+GRID = 16
+
+
+class _Snapshots:
+    """A prefix store that asks for a snapshot at given prompt lengths."""
+
+    def __init__(self, *points: int) -> None:
+        self.points = points
+        self.stored: list[int] = []
+
+    @hookimpl
+    def reame_prefix_store_points(self, tokens: Sequence[int], model: ModelInfo) -> list[int]:
+        return list(self.points)
+
+    @hookimpl
+    def reame_prefix_store(self, tokens: Sequence[int], state: bytes, model: ModelInfo) -> None:
+        self.stored.append(len(tokens))
+
+
+def _recording(backend: FakeBackend) -> list[tuple[int, int]]:
+    """(first position, tokens) of every prompt chunk the backend computes from now on."""
+    chunks: list[tuple[int, int]] = []
+    decode = backend.decode
+
+    def recorded(batch: Batch) -> Any:
+        if len(batch) > 1 and len(set(batch.seq_ids)) == 1:
+            chunks.append((batch.positions[0], len(batch)))
+        return decode(batch)
+
+    backend.decode = recorded  # type: ignore[method-assign]
+    return chunks
+
+
+def _run(engine: Engine, prompt: list[int], **params: Any) -> Any:
+    return engine.generate(GenerationRequest(prompt, SamplingParams(max_tokens=4, **params)))
+
+
+def test_prompt_chunks_start_on_the_grid_whatever_the_budget() -> None:
+    backend = FakeBackend(chunk_grid=GRID, n_batch=64)
+    chunks = _recording(backend)
+    engine = Engine(backend, prefill_chunk=40, speculate="off").start()
+    try:
+        prompts = [[*b"x" * n, n % 251] for n in (30, 63, 100, 129, 200)]
+        for prompt in prompts:
+            _run(engine, prompt)
+        # Beside a long generation, prompts run at most `prefill_chunk` (40) tokens a step.
+        neighbour = threading.Thread(
+            target=_run, args=(engine, _prompt("busy")), kwargs={"ignore_eos": True}
+        )
+        neighbour.start()
+        _run(engine, [*b"y" * 150])
+        neighbour.join()
+    finally:
+        engine.stop()
+    assert chunks
+    assert all(start % GRID == 0 for start, _ in chunks), chunks
+    assert all(size <= 64 for _, size in chunks)
+
+
+def test_a_shared_prefix_is_reused_up_to_the_grid_point_below_it() -> None:
+    engine = Engine(FakeBackend(chunk_grid=GRID), speculate="off").start()
+    try:
+        first = [*b"shared system prompt, then", *b" one question" * 3]
+        second = [*first[:40], *b" another question entirely"]
+        _run(engine, first)
+        reused = _run(engine, second).usage.cached_tokens
+    finally:
+        engine.stop()
+    assert reused == 32  # 40 tokens shared; the grid point below is 32
+
+
+def test_stored_prefixes_end_on_the_grid() -> None:
+    plugins = PluginHost(discover=False)
+    store = _Snapshots(37, 70)
+    plugins.register(store, "snapshots")
+    engine = Engine(FakeBackend(chunk_grid=GRID), plugins, speculate="off").start()
+    try:
+        _run(engine, [*b"z" * 90])
+    finally:
+        engine.stop()
+    assert store.stored == [32, 64]
+
+
+def test_a_session_answer_is_recomputed_from_the_grid() -> None:
+    backend = FakeBackend(chunk_grid=GRID)
+    engine = Engine(backend, speculate="off").start()
+    try:
+        prompt = [*b"p" * 37]
+        params = SamplingParams(max_tokens=12)
+        chunks = _recording(backend)
+        first = engine.generate(GenerationRequest(prompt, params, session_id="s"))
+        answer = first.candidates[0].tokens
+        follow_up = [*prompt, *answer, *b" And more?"]
+        second = engine.generate(GenerationRequest(follow_up, params, session_id="s"))
+    finally:
+        engine.stop()
+    # The prompt as [0, 37); the answer recomputed from 32, the grid point below its start.
+    assert chunks[:2] == [(0, 37), (32, len(prompt) + len(answer) - 1 - 32)]
+    assert all(start % GRID == 0 for start, _ in chunks)
+    assert second.usage.cached_tokens == (len(prompt) + len(answer) - 1) // GRID * GRID
+
+
+def test_drafts_verified_after_the_prompt_are_not_counted_exact() -> None:
+    backend = FakeBackend(n_seq_max=1)
+    slots = KVSlots(backend)
+    (slot,) = slots.slots
+    prompt, verified = [1, 2, 3, 4], [5, 6, 7]
+    for tokens, chunk in ((prompt, True), (verified, False)):
+        batch = Batch()
+        for offset, token in enumerate(tokens):
+            batch.add(token, len(slot.tokens) + offset, slot.seq_id, True)
+        backend.decode(batch)
+        slots.appended(slot, tokens, chunk=chunk)
+    assert slot.exact == len(prompt)
+    assert slots.longest_prefix([*prompt, *verified, 8, 9], limit=9) == PrefixMatch(slot, 4)

@@ -22,12 +22,12 @@ def slots(backend: FakeBackend) -> KVSlots:
 
 
 def fill(backend: FakeBackend, slots: KVSlots, slot: Slot, tokens: Sequence[int]) -> None:
-    """Decode `tokens` after what the slot holds, as the engine does."""
+    """Decode `tokens` after what the slot holds, as the engine computes a prompt chunk."""
     batch = Batch()
     for offset, token in enumerate(tokens):
         batch.add(token, len(slot.tokens) + offset, slot.seq_id, False)
     backend.decode(batch)
-    slots.appended(slot, tokens)
+    slots.appended(slot, tokens, chunk=True)
 
 
 def assert_in_step(backend: FakeBackend, slots: KVSlots) -> None:
