@@ -29,6 +29,7 @@ from reame_core.server.errors import EXCEPTION_HANDLERS
 from reame_core.server.metrics import ServerMetrics
 from reame_core.server.routes import CompletionsController, health, metrics, speculation
 from reame_core.server.service import ServerState
+from reame_core.server.status import status
 from reame_core.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -68,7 +69,7 @@ def create_app(server: ServerState) -> Litestar:
             server.runtime.close()
 
     app = Litestar(
-        route_handlers=[CompletionsController, health, metrics, speculation],
+        route_handlers=[CompletionsController, health, metrics, speculation, status],
         state=State({"server": server}),
         guards=[bearer_guard],
         exception_handlers=EXCEPTION_HANDLERS,
