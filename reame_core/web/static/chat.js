@@ -65,7 +65,8 @@ export class Chat {
       return;
     }
     this.page.showNotice("");
-    this.messages.push({ role: "user", content: text });
+    const messages = this.messages; // this conversation's, even if a new one starts meanwhile
+    messages.push({ role: "user", content: text });
     this.add("user", text);
     const answer = this.add("assistant", "");
     answer.item.classList.add("streaming");
@@ -104,10 +105,10 @@ export class Chat {
       answer.item.classList.remove("streaming");
     }
     if (reply) {
-      this.messages.push({ role: "assistant", content: reply });
-    } else if (this.messages.at(-1)?.content === text) {
+      messages.push({ role: "assistant", content: reply });
+    } else if (messages.at(-1)?.content === text) {
       // Nothing came back: the turn is not part of the conversation; the text goes back.
-      this.messages.pop();
+      messages.pop();
       if (!running.signal.aborted) this.page.prompt.value = text;
     }
     if (timings) answer.item.append(answerSavings(timings, conclave));

@@ -48,6 +48,9 @@ function askForKey(error) {
   return keyAsked;
 }
 
+// Every call waits for the key: the dialog does not close without one.
+$("key-dialog").addEventListener("cancel", (event) => event.preventDefault());
+
 // Run an API call; on a 401, ask for a key and try again.
 async function withKey(request) {
   for (;;) {
