@@ -19,10 +19,11 @@ export function svg(tag, attributes = {}) {
 
 export const count = (n) => Number(n ?? 0).toLocaleString("en");
 
+// Binary units, as `reame config` writes sizes.
 export function size(bytes) {
-  const units = ["B", "KB", "MB", "GB", "TB"];
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
   let value = Number(bytes), unit = 0;
-  while (value >= 1000 && unit < units.length - 1) { value /= 1000; unit += 1; }
+  while (value >= 1024 && unit < units.length - 1) { value /= 1024; unit += 1; }
   return `${value.toFixed(unit && value < 10 ? 1 : 0)} ${units[unit]}`;
 }
 
