@@ -3,8 +3,9 @@
 The page holds no data of its own (the API calls it makes do, and those need the key), so
 its files are open to everyone: `PATHS` lists them for the bearer guard. Every response
 carries a Content-Security-Policy that allows scripts, styles and connections from this
-server only, no inline script or style: text a model or a user wrote can never run, even
-if it reached the document as markup (the page only ever sets it as text).
+server only, and no inline script or style. The page sets user and model text only as
+text; the policy is the second line: markup that reached the document anyway could not
+run script or load anything from elsewhere.
 """
 
 from __future__ import annotations

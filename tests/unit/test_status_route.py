@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from litestar import Litestar
 from litestar.testing import TestClient
+
+from reame_core.hookspecs import hookimpl
+from reame_core.plugins import PluginHost
 
 Serve = Callable[..., TestClient[Litestar]]
 
@@ -46,3 +50,25 @@ def test_status_is_503_while_the_model_loads(serve: Serve) -> None:
 
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "loading"
+
+
+class Archive:
+    """A plugin that claims a request field and counts what it keeps."""
+
+    @hookimpl
+    def reame_request_extensions(self) -> Mapping[str, str]:
+        return {"best_of": "sample this many answers and keep the one most agree on"}
+
+    @hookimpl
+    def reame_collect_stats(self) -> Mapping[str, Mapping[str, Any]]:
+        return {"archive": {"entries": 3, "bytes_on_disk": 4096}}
+
+
+def test_status_tells_what_plugins_count_and_which_fields_they_handle(
+    plugins: PluginHost, serve: Serve
+) -> None:
+    plugins.register(Archive(), "archive")
+    report = serve().get("/status").json()
+
+    assert report["plugins"] == {"archive": {"entries": 3, "bytes_on_disk": 4096}}
+    assert report["request_fields"] == ["best_of"]
