@@ -32,6 +32,8 @@ class Runtime:
     plugins: PluginHost
     backend: Backend
     engine: Engine
+    # The host plan the model was loaded with (None for a backend the caller supplied).
+    plan: HostPlan | None = None
 
     @cached_property
     def request_extensions(self) -> Mapping[str, str]:
@@ -100,10 +102,12 @@ def start_runtime(
     checked), then load the configured model with a host plan.
     """
     plugins = plugins or PluginHost(settings.disable_plugins)
+    plan = None
     if backend is None:
         # Before llama.cpp is loaded into this process: the check runs it in a child.
         build = build or ensure_build_runs(settings)
         preparation = prepare(settings, plugins.disk_needs())
+        plan = preparation.plan
         log.info("host configuration", **dict(preparation.plan.explain()))
         for warning in preparation.plan.warnings:
             log.warning("host configuration", problem=warning)
@@ -129,7 +133,7 @@ def start_runtime(
         deterministic=settings.deterministic,
         guarantees=determinism_note(backend, settings),
     )
-    return Runtime(settings, plugins, backend, engine)
+    return Runtime(settings, plugins, backend, engine, plan)
 
 
 def determinism_note(backend: Backend, settings: Settings) -> str:

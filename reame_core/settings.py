@@ -104,6 +104,9 @@ class Settings(BaseSettings):
     max_sessions: int | None = Field(
         None, ge=0, description="Sessions whose KV stays pinned (default: half the slots)."
     )
+    web: bool = Field(
+        True, description="Serve the web page at / (a chat with the model, and the status)."
+    )
     cache_dir: Path | None = Field(
         None,
         description="Reame's own files: model records and the plugins' disk caches "

@@ -145,6 +145,13 @@ def build_parser(plugins: PluginHost | None = None) -> argparse.ArgumentParser:
     )
     serve.add_argument("--max-sessions", type=int, help="conversations whose KV stays pinned")
     serve.add_argument(
+        "--no-web",
+        action="store_false",
+        dest="web",
+        default=None,
+        help="do not serve the web page at / (the API stays)",
+    )
+    serve.add_argument(
         "--log-prompts",
         action="store_true",
         default=None,
@@ -223,7 +230,7 @@ def settings_from(args: argparse.Namespace, **extra: Any) -> Settings:
         "adapt_threads", "disable_plugins",
         "log_json", "log_prompts", "log_level", "host", "port", "api_keys", "api_key_file",
         "max_queue", "max_body_bytes", "cors_origins", "max_sessions", "speculate",
-        "draft_max", "draft_model",
+        "draft_max", "draft_model", "web",
     )  # fmt: skip
     overrides = {name: getattr(args, name, None) for name in fields}
     sections: dict[str, dict[str, Any]] = {}

@@ -2,7 +2,8 @@
 
 Once the llama.cpp build is known to run on this CPU (the build check, cached after the
 first start), the HTTP server comes up and loads the model in the background: /health
-answers 503 until the engine is ready, then 200. Bearer auth guards every route but /health.
+answers 503 until the engine is ready, then 200. Bearer auth guards every route but /health
+and the web page's files (`reame_core.web.page`: they hold no data; the calls they make do).
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ from reame_core.server.errors import EXCEPTION_HANDLERS
 from reame_core.server.metrics import ServerMetrics
 from reame_core.server.routes import CompletionsController, health, metrics, speculation
 from reame_core.server.service import ServerState
+from reame_core.server.status import status
 from reame_core.settings import Settings
+from reame_core.web import page
 
 log = structlog.get_logger(__name__)
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", *page.PATHS})
 
 
 def bearer_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
@@ -67,8 +70,9 @@ def create_app(server: ServerState) -> Litestar:
         if server.runtime is not None:
             server.runtime.close()
 
+    web = page.ROUTES if settings.web else []
     app = Litestar(
-        route_handlers=[CompletionsController, health, metrics, speculation],
+        route_handlers=[CompletionsController, health, metrics, speculation, status, *web],
         state=State({"server": server}),
         guards=[bearer_guard],
         exception_handlers=EXCEPTION_HANDLERS,
@@ -112,6 +116,7 @@ def serve(settings: Settings) -> int:
         "serving",
         url=f"http://{settings.host}:{settings.port}",
         auth="bearer" if server.api_keys else "off",
+        web_page="on" if settings.web else "off",
     )
     uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False)
     return 0

@@ -31,7 +31,7 @@ from reame_core.cli import main as cli_main
 from reame_core.plugins import PluginHost
 from reame_core.request import MAX_LOGIT_BIAS, MAX_STOP_CHARS, MAX_STOPS
 from reame_core.runtime import start_runtime
-from reame_core.server.app import create_app
+from reame_core.server.app import OPEN_PATHS, create_app
 from reame_core.server.json_body import MAX_DEPTH
 from reame_core.server.service import ServerState
 from reame_core.settings import Settings
@@ -572,7 +572,7 @@ def test_every_route_but_health_refuses_a_request_without_the_key(guarded: Clien
     for method, path in routes:
         for headers in BAD_AUTHORIZATION.values():
             response = guarded.request(method, path, headers=headers, json=chat())
-            if path == "/health":
+            if path in OPEN_PATHS:  # /health and the web page's files
                 assert response.is_success, (method, response.status_code)
             else:
                 openai_error(response, 401, code="invalid_api_key")
