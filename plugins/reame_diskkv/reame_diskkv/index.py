@@ -129,14 +129,18 @@ class PrefixIndex:
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
-        """A transaction holding the directory's write lock (across processes)."""
+        """A transaction holding the directory's write lock (across processes). A failed
+        COMMIT (the disk full under sqlite's journal) rolls back too: a transaction left
+        open would refuse every later one."""
         self._db.execute("BEGIN IMMEDIATE")
         try:
             yield
+            self._db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            if self._db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
             raise
-        self._db.execute("COMMIT")
 
     # ---------------------------------------------------------------- queries
 

@@ -61,6 +61,7 @@ class SnapshotWriter:
         self._pending_lock = threading.Lock()
         self._paused_until = 0.0
         self._failed_once = False
+        self.generation = 0  # how many times the directory was made anew (see _recreate)
         self._thread = threading.Thread(target=self._run, name="reame-diskkv-writer", daemon=True)
         self._thread.start()
 
@@ -103,8 +104,13 @@ class SnapshotWriter:
         with contextlib.suppress(AttributeError, OSError):  # per-thread nice: Linux only
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
         self._attempt(self.store.reconcile)
+        # Over budget at start: a process killed between a write and its eviction, or a
+        # budget set lower since.
+        self._attempt(self.store.evict, self.budget)
         self._attempt(self._refresh_holdings)
         while (job := self._jobs.get()) is not _STOP:
+            if isinstance(job, (Snapshot, _Touch)):
+                self._attempt(self._recreate_if_deleted)
             if isinstance(job, Snapshot):
                 self._attempt(self._write, job)
                 with self._pending_lock:
@@ -118,6 +124,20 @@ class SnapshotWriter:
         if self.store.write(snapshot, max_size=self.budget, level=self.level):
             self.store.evict(self.budget)
             self._refresh_holdings()
+
+    def _recreate_if_deleted(self) -> None:
+        """A directory deleted under the server (a user freeing disk space) is made again,
+        with a new index, rather than writing to an index no other process can see."""
+        if not self.store.vanished():
+            return
+        self.store.reopen()
+        self.store.counters.directories_recreated += 1
+        self.generation += 1
+        self._refresh_holdings()
+        log.warning(
+            "disk prefix cache: its directory was deleted while serving; it starts again empty",
+            directory=str(self.store.directory),
+        )
 
     def _refresh_holdings(self) -> None:
         self.held_bytes = self.store.total_size()
