@@ -8,13 +8,20 @@ Queued snapshots are bounded in bytes: when the disk is slower than the prefills
 snapshots are dropped (and counted) instead of filling memory. A failed write (disk
 full, directory turned read-only) pauses writing for `retry_after_s`; the first failure
 is logged, later ones only counted. Lookups go on meanwhile.
+
+A full disk also shrinks the budget to what the cache holds, less the snapshot that did not
+fit, evicting to it: a budget granted from another disk's free space (a cache directory on a
+small disk of its own), or other files growing beside the cache, would otherwise leave the
+disk full for good, every write failing before it could evict anything.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import queue
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +34,7 @@ from reame_diskkv.store import DiskStore, Snapshot
 log = structlog.get_logger(__name__)
 
 WRITER_NICENESS = 10
+_SQLITE_FULL = 13  # sqlite's result code for a full disk (sqlite3.SQLITE_FULL from Python 3.11)
 
 
 @dataclass(frozen=True)
@@ -121,9 +129,27 @@ class SnapshotWriter:
                 job.set()
 
     def _write(self, snapshot: Snapshot) -> None:
-        if self.store.write(snapshot, max_size=self.budget, level=self.level):
+        try:
+            written = self.store.write(snapshot, max_size=self.budget, level=self.level)
+        except (OSError, sqlite3.Error) as error:
+            if _disk_full(error):
+                self._shrink(len(snapshot.state))
+            raise
+        if written:
             self.store.evict(self.budget)
             self._refresh_holdings()
+
+    def _shrink(self, wanted: int) -> None:
+        """Lower the budget below what the cache holds by `wanted` bytes, and evict to it."""
+        self._refresh_holdings()
+        budget = max(0, self.held_bytes - wanted)
+        if budget >= self.budget:
+            return
+        self.budget = budget
+        log.info("disk prefix cache: the disk is full; budget lowered", budget_bytes=budget)
+        with contextlib.suppress(OSError, sqlite3.Error):  # the next write evicts again
+            self.store.evict(budget)
+        self._refresh_holdings()
 
     def _recreate_if_deleted(self) -> None:
         """A directory deleted under the server (a user freeing disk space) is made again,
@@ -159,3 +185,10 @@ class SnapshotWriter:
                     error=f"{type(error).__name__}: {error}",
                     retry_after_s=self.retry_after_s,
                 )
+
+
+def _disk_full(error: OSError | sqlite3.Error) -> bool:
+    if isinstance(error, OSError):
+        return error.errno in (errno.ENOSPC, errno.EDQUOT)
+    code = getattr(error, "sqlite_errorcode", None)  # Python 3.11 on
+    return code == _SQLITE_FULL or (code is None and "disk is full" in str(error))

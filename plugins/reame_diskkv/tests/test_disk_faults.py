@@ -110,6 +110,24 @@ def test_a_full_disk_keeps_answers_exact_and_says_so_once(
     assert assert_consistent(cache_dir) == 0
 
 
+def test_a_cache_filling_its_own_small_disk_lowers_its_budget_and_stores_on(
+    disk: SmallDisk,
+) -> None:
+    """A budget far larger than the disk (granted from another disk's free space): once
+    the disk is full, the cache shrinks to fit it instead of failing every write."""
+    cache_dir = disk.path / "kv"
+    writer = SnapshotWriter(DiskStore(cache_dir), budget=1 << 40, retry_after_s=0)
+    items = [snapshot(seed, state_bytes=96 << 10) for seed in range(60)]  # 3x the disk
+    for item in items:
+        assert writer.submit(item) and writer.flush()
+
+    assert writer.budget < 2 << 20 and writer.store.counters.write_errors >= 1
+    stored = [writer.store.holds(FINGERPRINT, item.tokens) for item in items]
+    assert sum(stored[-10:]) >= 9  # the newest are kept: the cache goes on working
+    writer.close()
+    assert assert_consistent(cache_dir) > 5
+
+
 @pytest.fixture
 def cache_dir(disk: SmallDisk) -> Path:
     return disk.path / "kv"
