@@ -10,9 +10,10 @@ full, directory turned read-only) pauses writing for `retry_after_s`; the first 
 is logged, later ones only counted. Lookups go on meanwhile.
 
 A full disk also shrinks the budget to what the cache holds, less the snapshot that did not
-fit, evicting to it: a budget granted from another disk's free space (a cache directory on a
-small disk of its own), or other files growing beside the cache, would otherwise leave the
-disk full for good, every write failing before it could evict anything.
+fit, evicting to it (unless the cache holds less than that): a budget granted from another
+disk's free space (a cache directory on a small disk of its own), or other files growing
+beside the cache, would otherwise leave the disk full for good, every write failing before
+it could evict anything.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class SnapshotWriter:
         self._pending_lock = threading.Lock()
         self._paused_until = 0.0
         self._failed_once = False
-        self.generation = 0  # how many times the directory was made anew (see _recreate)
+        self.generation = 0  # times the directory was made anew (`_recreate_if_deleted`)
         self._thread = threading.Thread(target=self._run, name="reame-diskkv-writer", daemon=True)
         self._thread.start()
 
@@ -140,10 +141,11 @@ class SnapshotWriter:
             self._refresh_holdings()
 
     def _shrink(self, wanted: int) -> None:
-        """Lower the budget below what the cache holds by `wanted` bytes, and evict to it."""
+        """Lower the budget below what the cache holds by `wanted` bytes, and evict to it.
+        A cache holding less than that leaves its budget: others fill the disk, not it."""
         self._refresh_holdings()
-        budget = max(0, self.held_bytes - wanted)
-        if budget >= self.budget:
+        budget = self.held_bytes - wanted
+        if budget <= 0 or budget >= self.budget:
             return
         self.budget = budget
         log.info("disk prefix cache: the disk is full; budget lowered", budget_bytes=budget)
