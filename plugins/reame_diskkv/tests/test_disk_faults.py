@@ -39,6 +39,12 @@ def disk(small_disk: Callable[[int], SmallDisk]) -> SmallDisk:
     return small_disk(2 << 20)
 
 
+@pytest.fixture
+def cache_dir(disk: SmallDisk) -> Path:
+    """The engines' cache directory (`start_cache`), on the small disk."""
+    return disk.path / "kv"
+
+
 def warnings_in(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [line for line in logs if line["log_level"] == "warning"]
 
@@ -126,11 +132,6 @@ def test_a_cache_filling_its_own_small_disk_lowers_its_budget_and_stores_on(
     assert sum(stored[-10:]) >= 9  # the newest are kept: the cache goes on working
     writer.close()
     assert assert_consistent(cache_dir) > 5
-
-
-@pytest.fixture
-def cache_dir(disk: SmallDisk) -> Path:
-    return disk.path / "kv"
 
 
 # ------------------------------------------------------------------ read-only
