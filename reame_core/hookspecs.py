@@ -294,7 +294,14 @@ def reame_describe() -> str:
 
 @hookspec
 def reame_collect_stats() -> Mapping[str, Mapping[str, Any]] | None:
-    """Counters for metrics and the CLI, as ``{"group": {"counter": value}}``."""
+    """Counters for metrics and the CLI, as ``{"group": {"counter": value}}``.
+
+    One group is read differently: ``DISK_FAULTS`` (``"disk_faults"``) maps the name of a
+    store the plugin keeps on disk to its faults by kind, ``{"disk_faults": {"diskkv":
+    {"corrupt_entry": 1}}}``, each a fault the store detected and worked around (a damaged
+    file not used, a write the full disk refused). The server exposes them, every plugin's
+    together, as one counter: ``reame_disk_faults_total{store, kind}``.
+    """
 
 
 # ------------------------------------------------------------- command line

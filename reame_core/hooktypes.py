@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from reame_core.tools import ToolUse
 
 
+# The group of `reame_collect_stats` whose counters are a store's disk faults by kind.
+DISK_FAULTS = "disk_faults"
+
+
 @dataclass(frozen=True)
 class DiskNeed:
     """A plugin's ask for disk space, which the host plan turns into a budget.

@@ -14,6 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from reame_core.hooktypes import DISK_FAULTS
+
 if TYPE_CHECKING:
     from reame_core.server.service import ServerState
 
@@ -109,10 +111,21 @@ class EngineCollector(Collector):
             enabled.add_metric([row["source"]], float(row["enabled"]))
             length.add_metric([row["source"]], float(row["k"]))
         yield from (proposed, accepted, enabled, length)
+        faults = CounterMetricFamily(
+            "reame_disk_faults",
+            "Faults plugins' disk stores detected and worked around, by store and kind",
+            labels=["store", "kind"],
+        )
         for result in runtime.plugins.hook.reame_collect_stats() or ():
             for group, counters in (result or {}).items():
+                if group == DISK_FAULTS:
+                    for store, kinds in counters.items():
+                        for kind, value in kinds.items():
+                            faults.add_metric([store, kind], float(value))
+                    continue
                 for name, value in counters.items():
                     yield _gauge(f"reame_{group}_{name}", f"{group}: {name}", value)
+        yield faults
 
 
 def _counter(name: str, documentation: str, value: Any) -> Metric:

@@ -8,11 +8,13 @@ Server-Sent Events framed exactly as OpenAI frames them.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from litestar import Controller, Request, Response, get, post
@@ -28,6 +30,7 @@ from reame_core.server.metrics import ServerMetrics
 from reame_core.server.service import APICall, Kind, ServerState, prepare
 
 SESSION_HEADER = "x-session-id"
+_T = TypeVar("_T")
 
 log = structlog.get_logger(__name__)
 
@@ -327,9 +330,41 @@ async def _serve(request: Request[Any, Any, Any], kind: Kind) -> Response[Any]:
             background=BackgroundTask(call.end),
         )
     try:
-        return Response(await reply.body())
+        return Response(await _unless_hung_up(request, reply.body()))
     finally:
         call.end()
+
+
+# What nginx logs for a client that closed the connection before the answer: it is never
+# sent, but the metrics count it.
+CLIENT_CLOSED = 499
+
+
+async def _unless_hung_up(request: Request[Any, Any, Any], body: Awaitable[_T]) -> _T:
+    """`body`, unless the client hangs up first: then its generation is cancelled (and its
+    slot freed) at once rather than run to the end for nobody, as a stream's would be."""
+    work = asyncio.ensure_future(body)
+    hang_up = asyncio.ensure_future(_hung_up(request))
+    try:
+        await asyncio.wait((work, hang_up), return_when=asyncio.FIRST_COMPLETED)
+        if not work.done() and hang_up.exception() is not None:
+            await asyncio.wait((work,))  # no telling whether the client left: answer it
+    finally:
+        hang_up.cancel()
+        if not work.done():
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work  # its `finally`s run now: the call's requests are cancelled
+    if work.cancelled():
+        raise APIError(CLIENT_CLOSED, "The client closed the connection.")
+    return work.result()
+
+
+async def _hung_up(request: Request[Any, Any, Any]) -> None:
+    """Returns once the client has closed the connection (its body is read already, so
+    the next ASGI message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 @get("/health")

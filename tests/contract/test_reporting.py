@@ -31,3 +31,14 @@ def test_collected_counters_are_in_the_metrics(
     metrics = client.get("/metrics").text
 
     assert "reame_contract_answers 42.0" in metrics
+
+
+def test_disk_faults_are_one_counter_labelled_by_store_and_kind(
+    install_plugins: InstalledPlugins, serve: Serve
+) -> None:
+    client = serve(install_plugins("reporter"))
+
+    metrics = client.get("/metrics").text
+
+    assert 'reame_disk_faults_total{kind="torn_page",store="contract_store"} 3.0' in metrics
+    assert "reame_disk_faults_contract_store" not in metrics

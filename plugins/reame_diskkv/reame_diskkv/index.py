@@ -32,6 +32,7 @@ from reame_diskkv.entry_format import TOKEN_DTYPE, token_bytes
 BLOCK = 32  # tokens per indexed block: entries shorter than this cannot be found
 _CANDIDATES = 64  # entries compared token by token at one depth
 _ANY_LENGTH = 1 << 62
+WAL_PAGES = 64  # pages the write-ahead log holds before a checkpoint copies it back
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS entries (
@@ -109,6 +110,10 @@ class PrefixIndex:
             # A crash may lose the last rows, never corrupt the index: lost rows are
             # rebuilt from their files.
             self._db.execute("PRAGMA synchronous=NORMAL")
+            # The write-ahead log would grow to 4 MiB between checkpoints and keep that size:
+            # on a small disk of its own, the cache's largest file. Rows are small.
+            self._db.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
+            self._db.execute(f"PRAGMA journal_size_limit={WAL_PAGES * 4096}")
             if not self._has_schema():  # creating it takes the write lock; reading does not
                 with self.writing():
                     for statement in _SCHEMA:
@@ -129,14 +134,18 @@ class PrefixIndex:
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
-        """A transaction holding the directory's write lock (across processes)."""
+        """A transaction holding the directory's write lock (across processes). A failed
+        COMMIT (the disk full under sqlite's journal) rolls back too: a transaction left
+        open would refuse every later one."""
         self._db.execute("BEGIN IMMEDIATE")
         try:
             yield
+            self._db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            if self._db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
             raise
-        self._db.execute("COMMIT")
 
     # ---------------------------------------------------------------- queries
 

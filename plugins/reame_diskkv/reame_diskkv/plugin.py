@@ -23,7 +23,7 @@ from typing import Any
 import structlog
 
 from reame_core.hookspecs import hookimpl
-from reame_core.hooktypes import DiskNeed, ModelInfo, PrefixHit
+from reame_core.hooktypes import DISK_FAULTS, DiskNeed, ModelInfo, PrefixHit
 from reame_core.settings import Settings
 from reame_diskkv import cli
 from reame_diskkv.entry_format import codec_for
@@ -47,6 +47,8 @@ class DiskPrefixCache:
         self._writer: SnapshotWriter | None = None
         self._policy = SnapshotPolicy()
         self._lookup_failed = False
+        self._unusable = 0  # starts at which the directory could not be used
+        self._reader_generation = 0  # the writer's generation the reader's index is of
         # Kept across restarts of the engine: the engine thread adds to the first, the
         # writer thread to the second.
         self._read_counters = CacheCounters()
@@ -92,6 +94,7 @@ class DiskPrefixCache:
                 raise
             budget = section.budget_bytes(held=writing.total_size())
         except (OSError, sqlite3.Error) as error:
+            self._unusable += 1
             log.warning(
                 "disk prefix cache off: its directory cannot be used; serving without it",
                 directory=str(directory),
@@ -99,6 +102,7 @@ class DiskPrefixCache:
             )
             return
         self._reader = reading
+        self._reader_generation = 0
         self._writer = SnapshotWriter(writing, budget=budget, level=section.compression_level)
         log.info(
             "disk prefix cache ready",
@@ -130,6 +134,7 @@ class DiskPrefixCache:
         reader = self._reader
         if reader is None or len(tokens) < self._policy.min_tokens:
             return None
+        self._follow_writer(reader)
         counters = self._read_counters
         longest = len(tokens) - 2  # the engine computes the last two tokens itself
         try:
@@ -185,7 +190,19 @@ class DiskPrefixCache:
         if not self._writer.submit(snapshot):
             self._read_counters.snapshots_dropped += 1
 
-    def _say_lookup_failed(self, error: sqlite3.Error) -> None:
+    def _follow_writer(self, reader: DiskStore) -> None:
+        """Open the index again once the writer has made the directory anew: the old one
+        was deleted with it."""
+        writer = self._writer
+        if writer is not None and writer.generation != self._reader_generation:
+            self._reader_generation = writer.generation
+            try:
+                reader.reopen()
+            except (OSError, sqlite3.Error) as error:
+                self._say_lookup_failed(error)
+
+    def _say_lookup_failed(self, error: OSError | sqlite3.Error) -> None:
+        self._read_counters.index_errors += 1
         if not self._lookup_failed:
             self._lookup_failed = True
             log.warning("disk prefix cache: index lookup failed", error=str(error))
@@ -198,7 +215,8 @@ class DiskPrefixCache:
 
     @hookimpl
     def reame_collect_stats(self) -> Mapping[str, Mapping[str, Any]] | None:
-        stats: dict[str, Any] = (self._read_counters + self._write_counters).as_dict()
+        counters = self._read_counters + self._write_counters
+        stats: dict[str, Any] = counters.as_dict()
         writer = self._writer
         if writer is not None:
             stats.update(
@@ -206,7 +224,16 @@ class DiskPrefixCache:
                 bytes_on_disk=writer.held_bytes,
                 budget_bytes=writer.budget,
             )
-        return {NAME: stats}
+        faults = {
+            "corrupt_entry": counters.corrupt,
+            "read_error": counters.read_errors,
+            "write_error": counters.write_errors,
+            "index_error": counters.index_errors,
+            "index_rebuilt": counters.indexes_rebuilt,
+            "directory_unusable": self._unusable,
+            "directory_deleted": counters.directories_recreated,
+        }
+        return {NAME: stats, DISK_FAULTS: {NAME: faults}}
 
 
 plugin = DiskPrefixCache()

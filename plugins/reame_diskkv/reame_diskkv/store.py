@@ -66,6 +66,9 @@ class CacheCounters:
     write_seconds: float = 0.0
     write_errors: int = 0
     evictions: int = 0
+    index_errors: int = 0  # lookups the index could not answer
+    indexes_rebuilt: int = 0  # index files sqlite could not read, rebuilt from the entries
+    directories_recreated: int = 0  # the directory was deleted under a running server
 
     def __add__(self, other: CacheCounters) -> CacheCounters:
         return CacheCounters(
@@ -108,10 +111,26 @@ class DiskStore:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._check_writable()
         self.counters = counters if counters is not None else CacheCounters()
-        self._index = _open_index(self.directory / INDEX_FILE, busy_timeout_s)
+        self._busy_timeout_s = busy_timeout_s
+        self._index = _open_index(self.directory / INDEX_FILE, busy_timeout_s, self.counters)
+        self._index_file = _identity(self.directory / INDEX_FILE)
 
     def close(self) -> None:
         self._index.close()
+
+    def vanished(self) -> bool:
+        """Whether the index file this store opened is no longer in the directory: the
+        directory was deleted (or replaced) while the store was open."""
+        return _identity(self.directory / INDEX_FILE) != self._index_file
+
+    def reopen(self) -> None:
+        """Start again on the directory, made anew if it is gone, with its index as it is
+        now. Raises what the constructor raises, and then keeps the index it had."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._check_writable()
+        index = _open_index(self.directory / INDEX_FILE, self._busy_timeout_s, self.counters)
+        self._index.close()
+        self._index, self._index_file = index, _identity(self.directory / INDEX_FILE)
 
     def _check_writable(self) -> None:
         probe = self._temp_path("probe")
@@ -193,13 +212,15 @@ class DiskStore:
         )
         if len(data) > max_size:
             return 0
-        temp = self._temp_path(key)
+        temp, path = self._temp_path(key), self._path(key)
+        renamed = False
         try:
             _write_synced(temp, data)
             with self._index.writing():
                 if self._index.has(key):  # another process stored it meanwhile
                     return 0
-                os.replace(temp, self._path(key))
+                os.replace(temp, path)
+                renamed = True
                 _sync_directory(self.directory)
                 self._index.add(
                     key,
@@ -209,6 +230,13 @@ class DiskStore:
                     size=len(data),
                     when=time.time(),
                 )
+        except BaseException:
+            if renamed:
+                # Its row was not committed (sqlite's journal on a full disk, say): the file
+                # would sit outside the budget's count. Should another process have stored
+                # the same prefix since, its row loses its file: a miss, never a wrong read.
+                path.unlink(missing_ok=True)
+            raise
         finally:
             temp.unlink(missing_ok=True)
         counters = self.counters
@@ -293,17 +321,27 @@ class DiskStore:
         return shutil.disk_usage(self.directory).free
 
 
-def _open_index(path: Path, busy_timeout_s: float) -> PrefixIndex:
+def _open_index(path: Path, busy_timeout_s: float, counters: CacheCounters) -> PrefixIndex:
     """Open the index; an index sqlite cannot read is deleted and rebuilt from the files."""
     try:
         return PrefixIndex(path, busy_timeout_s=busy_timeout_s)
     except sqlite3.OperationalError:
         raise
     except sqlite3.DatabaseError as error:
+        counters.indexes_rebuilt += 1
         log.warning("disk prefix cache: index unreadable, rebuilding it", error=str(error))
     for suffix in ("", "-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
     return PrefixIndex(path, busy_timeout_s=busy_timeout_s)
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The file's (device, inode), or None if there is no such file."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_dev, stat.st_ino
 
 
 def _write_synced(path: Path, data: bytes) -> None:

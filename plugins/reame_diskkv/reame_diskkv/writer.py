@@ -8,13 +8,21 @@ Queued snapshots are bounded in bytes: when the disk is slower than the prefills
 snapshots are dropped (and counted) instead of filling memory. A failed write (disk
 full, directory turned read-only) pauses writing for `retry_after_s`; the first failure
 is logged, later ones only counted. Lookups go on meanwhile.
+
+A full disk also shrinks the budget to what the cache holds, less the snapshot that did not
+fit, evicting to it (unless the cache holds less than that): a budget granted from another
+disk's free space (a cache directory on a small disk of its own), or other files growing
+beside the cache, would otherwise leave the disk full for good, every write failing before
+it could evict anything.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import queue
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +35,7 @@ from reame_diskkv.store import DiskStore, Snapshot
 log = structlog.get_logger(__name__)
 
 WRITER_NICENESS = 10
+_SQLITE_FULL = 13  # sqlite's result code for a full disk (sqlite3.SQLITE_FULL from Python 3.11)
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,7 @@ class SnapshotWriter:
         self._pending_lock = threading.Lock()
         self._paused_until = 0.0
         self._failed_once = False
+        self.generation = 0  # times the directory was made anew (`_recreate_if_deleted`)
         self._thread = threading.Thread(target=self._run, name="reame-diskkv-writer", daemon=True)
         self._thread.start()
 
@@ -103,8 +113,13 @@ class SnapshotWriter:
         with contextlib.suppress(AttributeError, OSError):  # per-thread nice: Linux only
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
         self._attempt(self.store.reconcile)
+        # Over budget at start: a process killed between a write and its eviction, or a
+        # budget set lower since.
+        self._attempt(self.store.evict, self.budget)
         self._attempt(self._refresh_holdings)
         while (job := self._jobs.get()) is not _STOP:
+            if isinstance(job, (Snapshot, _Touch)):
+                self._attempt(self._recreate_if_deleted)
             if isinstance(job, Snapshot):
                 self._attempt(self._write, job)
                 with self._pending_lock:
@@ -115,9 +130,42 @@ class SnapshotWriter:
                 job.set()
 
     def _write(self, snapshot: Snapshot) -> None:
-        if self.store.write(snapshot, max_size=self.budget, level=self.level):
+        try:
+            written = self.store.write(snapshot, max_size=self.budget, level=self.level)
+        except (OSError, sqlite3.Error) as error:
+            if _disk_full(error):
+                self._shrink(len(snapshot.state))
+            raise
+        if written:
             self.store.evict(self.budget)
             self._refresh_holdings()
+
+    def _shrink(self, wanted: int) -> None:
+        """Lower the budget below what the cache holds by `wanted` bytes, and evict to it.
+        A cache holding less than that leaves its budget: others fill the disk, not it."""
+        self._refresh_holdings()
+        budget = self.held_bytes - wanted
+        if budget <= 0 or budget >= self.budget:
+            return
+        self.budget = budget
+        log.info("disk prefix cache: the disk is full; budget lowered", budget_bytes=budget)
+        with contextlib.suppress(OSError, sqlite3.Error):  # the next write evicts again
+            self.store.evict(budget)
+        self._refresh_holdings()
+
+    def _recreate_if_deleted(self) -> None:
+        """A directory deleted under the server (a user freeing disk space) is made again,
+        with a new index, rather than writing to an index no other process can see."""
+        if not self.store.vanished():
+            return
+        self.store.reopen()
+        self.store.counters.directories_recreated += 1
+        self.generation += 1
+        self._refresh_holdings()
+        log.warning(
+            "disk prefix cache: its directory was deleted while serving; it starts again empty",
+            directory=str(self.store.directory),
+        )
 
     def _refresh_holdings(self) -> None:
         self.held_bytes = self.store.total_size()
@@ -139,3 +187,10 @@ class SnapshotWriter:
                     error=f"{type(error).__name__}: {error}",
                     retry_after_s=self.retry_after_s,
                 )
+
+
+def _disk_full(error: OSError | sqlite3.Error) -> bool:
+    if isinstance(error, OSError):
+        return error.errno in (errno.ENOSPC, errno.EDQUOT)
+    code = getattr(error, "sqlite_errorcode", None)  # Python 3.11 on
+    return code == _SQLITE_FULL or (code is None and "disk is full" in str(error))

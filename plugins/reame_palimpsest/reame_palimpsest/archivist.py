@@ -57,6 +57,7 @@ class WriteCounters:
     segments_evicted: int = 0
     bytes_evicted: int = 0
     builds: int = 0
+    directory_unusable: int = 0  # the directory could not be used at start
     build_seconds: float = 0.0  # the last full build
 
 
@@ -150,6 +151,7 @@ class Archivist:
             self.fingerprint = vocabulary_fingerprint(self._pieces())
             self.directory = SegmentDirectory(self.root, self.fingerprint, self.segment_bytes)
         except OSError as error:
+            self.counters.directory_unusable += 1
             log.warning(
                 "generation archive off: its directory cannot be used; serving without it",
                 directory=str(self.root),

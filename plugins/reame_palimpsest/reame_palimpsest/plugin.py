@@ -25,6 +25,7 @@ import numpy as np
 from reame_core.errors import RequestError
 from reame_core.hookspecs import hookimpl
 from reame_core.hooktypes import (
+    DISK_FAULTS,
     DiskNeed,
     DraftProposal,
     DraftRequest,
@@ -179,7 +180,12 @@ class Palimpsest:
             stats.update(vars(archivist.counters))
             if archivist.directory is not None:
                 stats.update(vars(archivist.directory.counters))
-        return {NAME: stats}
+        faults = {
+            "damaged_record": stats.get("frames_damaged", 0),
+            "write_error": stats.get("write_errors", 0),
+            "directory_unusable": stats.get("directory_unusable", 0),
+        }
+        return {NAME: stats, DISK_FAULTS: {NAME: faults}}
 
 
 def _tail(seq: SequenceView) -> np.ndarray:

@@ -35,8 +35,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import structlog
+
 from reame_palimpsest import record_format
 from reame_palimpsest.record_format import Record
+
+log = structlog.get_logger(__name__)
 
 LAYOUT = "v1"
 SUFFIX = ".seg"
@@ -204,6 +208,12 @@ class SegmentDirectory:
             if not tracked.damaged:
                 tracked.damaged = True
                 self.counters.segments_damaged += 1
+                log.warning(
+                    "generation archive: damaged or torn records skipped; the rest of the "
+                    "segment is read",
+                    segment=name,
+                    frames=scan.damaged,
+                )
         return scan.records
 
     # ------------------------------------------------------------- budget

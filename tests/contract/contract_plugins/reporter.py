@@ -1,5 +1,6 @@
 """Proves the reporting hooks reach their readers: `reame_describe` becomes the plugin's
-line in the plugin listing, `reame_collect_stats` counters appear in the metrics."""
+line in the plugin listing, `reame_collect_stats` counters appear in the metrics (a store's
+disk faults as one labelled counter)."""
 
 from __future__ import annotations
 
@@ -18,4 +19,4 @@ def reame_describe() -> str:
 
 @hookimpl
 def reame_collect_stats() -> Mapping[str, Mapping[str, Any]]:
-    return {"contract": {"answers": 42}}
+    return {"contract": {"answers": 42}, "disk_faults": {"contract_store": {"torn_page": 3}}}
