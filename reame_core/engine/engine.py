@@ -303,14 +303,16 @@ class Engine:
                     self.runner.refresh_session(group.request.session_id)
                 self.scheduler.start(group)
             except Exception as error:  # one bad request must not wedge its slots
-                log.error("request could not start", error=f"{type(error).__name__}: {error}")
-                self.committer.fail(group, "the request could not be started")
+                self.committer.fault(group, error)
 
     def _reap_cancelled(self) -> None:
         for group in self.scheduler.take_cancelled_waiting():
             self.committer.complete(group)
         for group in self.scheduler.cancelled_running():
-            self.committer.cancel(group)
+            try:
+                self.committer.cancel(group)
+            except Exception as error:  # a plugin's hook, ending a sequence
+                self.committer.fault(group, error)
 
     def _fail_all(self, message: str) -> None:
         for group in list(self.scheduler.running):
