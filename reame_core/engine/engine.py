@@ -184,21 +184,26 @@ class Engine:
     def generate(
         self, request: GenerationRequest, on_event: Callable[[TokenEvent], None] | None = None
     ) -> FinishEvent:
-        """Submit and wait (blocking). The engine thread must be running."""
+        """Submit and wait (blocking). The engine thread must be running. Interrupted
+        (Ctrl-C), the request is cancelled and `on_event` hears nothing more of it: tokens
+        the engine commits before it sees the cancellation are not shown after the prompt
+        that follows."""
         finished: list[FinishEvent] = []
         done = threading.Event()
+        interrupted = threading.Event()
 
         def emit(event: Event) -> None:
             if isinstance(event, FinishEvent):
                 finished.append(event)
                 done.set()
-            elif on_event is not None:
+            elif on_event is not None and not interrupted.is_set():
                 on_event(event)
 
         ticket = self.submit(request, emit)
         try:
             done.wait()
         except BaseException:
+            interrupted.set()
             ticket.cancel()
             raise
         return finished[0]
