@@ -79,7 +79,7 @@ class TokenSampler:
         p = self.params
         values = logits[ids]
         if p.repeat_penalty != 1.0:
-            with np.errstate(over="ignore", divide="ignore"):  # near 0: inf, meant as certain
+            with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # near 0: inf
                 values = np.where(values > 0, values / p.repeat_penalty, values * p.repeat_penalty)
         values = values - freq * p.frequency_penalty - p.presence_penalty
         logits[ids] = values
