@@ -135,7 +135,9 @@ def test_a_killed_server_restarts_on_its_directories_with_the_same_answers(
         warm = [ask(url, chat(*q)) for q in questions]
         stats = diskkv_metrics(url)
     assert [reply["choices"][0]["message"]["content"] for reply in warm] == cold
-    assert all(reply["timings"]["restored_n"] > 0 for reply in warm[: len(STORED)])
+    # The first question's prefix comes from disk; the next ones share most of it with
+    # what the slots hold by then, so the disk is not worth reading for them.
+    assert warm[0]["timings"]["restored_n"] > 0
     assert stats["corrupt"] == 0 and stats["read_errors"] == 0
     assert not list((tmp_path / "kv").rglob("*.tmp"))  # what the killed writer left: gone
 
