@@ -9,16 +9,21 @@ deployment (``--disable-plugin NAME``, ``REAME_DISABLE_PLUGINS``).
 from __future__ import annotations
 
 import importlib
+import traceback
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
-from typing import Any
+from types import CodeType
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 import structlog
 
 from reame_core import hookspecs
-from reame_core.hooktypes import DiskNeed
+from reame_core.hooktypes import DiskNeed, ModelInfo
+
+if TYPE_CHECKING:
+    from reame_core.settings import Settings
 
 log = structlog.get_logger(__name__)
 
@@ -80,6 +85,36 @@ class PluginHost:
 
     def has_implementations(self, hook_name: str) -> bool:
         return bool(getattr(self.manager.hook, hook_name).get_hookimpls())
+
+    def configure(self, settings: Settings, model: ModelInfo) -> None:
+        """Call every plugin's `reame_configure`, in pluggy's order. A plugin whose
+        configure raises is disabled, with the reason logged and kept in its record: the
+        others, and the server, run without it."""
+        arguments = {"settings": settings, "model": model, "hook": self.hook}
+        for impl in reversed(self.hook.reame_configure.get_hookimpls()):
+            try:
+                impl.function(**{name: arguments[name] for name in impl.argnames})
+            except Exception as error:
+                reason = f"reame_configure raised {type(error).__name__}: {error}"
+                log.exception("plugin failed to configure; disabled", plugin=impl.plugin_name)
+                self.manager.unregister(name=impl.plugin_name)
+                record = self._records.get(impl.plugin_name)
+                if record is not None:
+                    self._records[impl.plugin_name] = replace(record, enabled=False, error=reason)
+
+    def culprit(self, error: BaseException) -> str | None:
+        """The plugin hook an exception was raised in, as "plugin 'NAME' (hook)", from
+        its traceback: the innermost frame that runs a registered hook implementation."""
+        owners: dict[CodeType, str] = {}
+        for caller in vars(self.manager.hook).values():
+            for impl in caller.get_hookimpls():
+                code = getattr(impl.function, "__code__", None)
+                if code is not None:
+                    owners[code] = f"plugin '{impl.plugin_name}' ({caller.name})"
+        found = None
+        for frame, _line in traceback.walk_tb(error.__traceback__):
+            found = owners.get(frame.f_code, found)
+        return found
 
     # ---------------------------------------------------------------- helpers
 

@@ -113,7 +113,7 @@ def start_runtime(
             log.warning("host configuration", problem=warning)
         settings = settings.with_plugin_defaults(preparation.plan.plugin_defaults())
         backend = load_backend(settings, preparation, use_extra_bufts=build.use_extra_bufts)
-    plugins.hook.reame_configure(settings=settings, model=backend.info, hook=plugins.hook)
+    plugins.configure(settings, backend.info)
     engine = Engine(
         backend,
         plugins,

@@ -98,6 +98,12 @@ class Settings(BaseSettings):
     api_key_file: Path | None = Field(None, description="File with one API key per line.")
     max_queue: int = Field(64, ge=0, description="Requests waiting beyond the busy slots.")
     max_body_bytes: int = Field(8 << 20, ge=1024, description="Largest request body accepted.")
+    drain_seconds: int = Field(
+        30,
+        ge=0,
+        description="On SIGTERM or Ctrl-C, how long the requests in flight may take to finish "
+        "(new connections are refused meanwhile) before they are cut and the server exits.",
+    )
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Origins allowed by CORS (none: CORS off)."
     )

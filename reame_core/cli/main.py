@@ -137,6 +137,11 @@ def build_parser(plugins: PluginHost | None = None) -> argparse.ArgumentParser:
     )
     serve.add_argument("--max-body-bytes", type=int, help="largest request body (413 past it)")
     serve.add_argument(
+        "--drain-seconds",
+        type=int,
+        help="on SIGTERM, how long requests in flight may take to finish (default 30)",
+    )
+    serve.add_argument(
         "--cors-origin",
         action="append",
         dest="cors_origins",
@@ -229,7 +234,7 @@ def settings_from(args: argparse.Namespace, **extra: Any) -> Settings:
         "threads", "ctx", "parallel", "kv_type", "cache_dir", "batch", "deterministic",
         "adapt_threads", "disable_plugins",
         "log_json", "log_prompts", "log_level", "host", "port", "api_keys", "api_key_file",
-        "max_queue", "max_body_bytes", "cors_origins", "max_sessions", "speculate",
+        "max_queue", "max_body_bytes", "drain_seconds", "cors_origins", "max_sessions", "speculate",
         "draft_max", "draft_model", "web",
     )  # fmt: skip
     overrides = {name: getattr(args, name, None) for name in fields}

@@ -52,6 +52,7 @@ class Committer:
         self.slots = slots
         self.scheduler = scheduler
         self.governor = governor
+        self.plugins = plugins
         self.hook: Any = plugins.hook
         self.stats = stats
         self._constrained = plugins.has_implementations("reame_constrain_logits")
@@ -65,21 +66,28 @@ class Committer:
             seq = item.seq
             if seq.finished:  # ended earlier in this step: failed, cancelled or stopped
                 continue
-            prefill = seq.phase is Phase.PREFILL
-            self.slots.appended(seq.slot, item.tokens, chunk=prefill)
-            if prefill:
-                self.stats.prefill_tokens += len(item.tokens)
-                if seq.prompt_remaining > 0:
-                    self.scheduler.store_prefix(seq)
-                    continue
-                self._prompt_ready(seq, logits[item.first_row])
+            try:
+                self._take_one(item, logits, elapsed)
+            except Exception as error:
+                self.fault(seq.group, error)
+
+    def _take_one(self, item: Planned, logits: np.ndarray, elapsed: float) -> None:
+        seq = item.seq
+        prefill = seq.phase is Phase.PREFILL
+        self.slots.appended(seq.slot, item.tokens, chunk=prefill)
+        if prefill:
+            self.stats.prefill_tokens += len(item.tokens)
+            if seq.prompt_remaining > 0:
+                self.scheduler.store_prefix(seq)
+                return
+            self._prompt_ready(seq, logits[item.first_row])
+        else:
+            rows = logits[item.first_row : item.first_row + len(item.tokens)]
+            if item.draft is None:
+                token, logprob = self._pick(seq, rows[0])
+                self._commit(seq, [token], [logprob] if logprob else [])
             else:
-                rows = logits[item.first_row : item.first_row + len(item.tokens)]
-                if item.draft is None:
-                    token, logprob = self._pick(seq, rows[0])
-                    self._commit(seq, [token], [logprob] if logprob else [])
-                else:
-                    self._verify(seq, item.draft, rows, elapsed)
+                self._verify(seq, item.draft, rows, elapsed)
 
     # --------------------------------------------------------------- sampling
 
@@ -126,11 +134,14 @@ class Committer:
     def start_later(self, running: Seq[RequestGroup]) -> None:
         """Start the candidates selections asked for, as slots allow, within the slots
         their requests may hold at once."""
-        for group in running:
-            while group.to_start and (seq := self.scheduler.start_later(group)) is not None:
-                if seq.phase is Phase.DECODING:
-                    assert group.prompt_row is not None
-                    self._begin(seq, np.array(group.prompt_row, copy=True))
+        for group in list(running):
+            try:
+                while group.to_start and (seq := self.scheduler.start_later(group)) is not None:
+                    if seq.phase is Phase.DECODING:
+                        assert group.prompt_row is not None
+                        self._begin(seq, np.array(group.prompt_row, copy=True))
+            except Exception as error:
+                self.fault(group, error)
 
     def _verify(
         self, seq: Candidate, draft: DraftProposal, rows: np.ndarray, elapsed: float
@@ -227,10 +238,13 @@ class Committer:
     def select_each_step(self, running: Seq[RequestGroup]) -> None:
         """Selection after a step, for the requests whose plan asks for it (voting per
         token); the others cost a flag test."""
-        for group in running:
+        for group in list(running):
             if group.selection_due:
                 group.selection_due = False
-                self._select_early(group)
+                try:
+                    self._select_early(group)
+                except Exception as error:
+                    self.fault(group, error)
 
     def _select_early(self, group: RequestGroup) -> None:
         """Ask candidate selection (``final=False``) whether the unfinished candidates of a
@@ -271,19 +285,38 @@ class Committer:
         self.scheduler.drop(group)
         self.complete(group)
 
+    def fault(self, group: RequestGroup, error: Exception) -> None:
+        """Fail the one request whose handling raised `error` (most likely in a plugin's
+        hook, which the message names); the step goes on for the others."""
+        culprit = self.plugins.culprit(error) or "the engine"
+        log.error(
+            "request failed",
+            request=group.request.request_id,
+            culprit=culprit,
+            error=f"{type(error).__name__}: {error}",
+            exc_info=error,
+        )
+        self.fail(group, f"{culprit} raised {type(error).__name__}")
+
     def fail(self, group: RequestGroup, message: str) -> None:
-        """End a running request with an error; its slots' KV is in doubt, so dropped."""
+        """End a running request with an error. The KV of its unfinished sequences is in
+        doubt, so dropped; a finished one's slot was released whole, and may be another
+        request's by now."""
         if group not in self.scheduler.running:
             return
         group.to_start = 0
         for seq in group.sequences:
+            if seq.finished:
+                continue
             self.slots.truncate(seq.slot, 0)
-            if not seq.finished:
-                seq.phase = Phase.FINISHED
-                seq.finish_reason = "error"
-                group.usage.completion_tokens += len(seq.output)
-                self.slots.release(seq.slot)
+            seq.phase = Phase.FINISHED
+            seq.finish_reason = "error"
+            group.usage.completion_tokens += len(seq.output)
+            self.slots.release(seq.slot)
+            try:
                 self._ended(seq)
+            except Exception:  # the request fails already: nothing more to do about it
+                log.exception("a plugin failed at the end of a failed request")
         self.scheduler.drop(group)
         self.complete(group, error=message)
 
@@ -295,13 +328,18 @@ class Committer:
         chosen: tuple[int, ...] = tuple(range(min(len(group.sequences), group.request.n)))
         report: Mapping[str, Any] = {}
         if error is None and (len(group.sequences) > 1 or group.plan is not None):
-            selection = self.hook.reame_select_candidates(
-                request=group.request, candidates=self._views(group), final=True
-            )
+            try:
+                selection = self.hook.reame_select_candidates(
+                    request=group.request, candidates=self._views(group), final=True
+                )
+            except Exception as fault:  # the request has left the scheduler: fail it here
+                culprit = self.plugins.culprit(fault) or "the engine"
+                log.error("request failed", culprit=culprit, exc_info=fault)
+                selection, error = None, f"{culprit} raised {type(fault).__name__}"
             if selection is not None:
                 chosen = selection.chosen[: group.request.n]
                 report = selection.report
-        if group.held_back:
+        if group.held_back and error is None:
             # Only now do callers hear of the output: the chosen candidates, as choices 0, 1...
             results = tuple(group.sequences[c].result(i) for i, c in enumerate(chosen))
             for choice, candidate in enumerate(chosen):

@@ -184,21 +184,26 @@ class Engine:
     def generate(
         self, request: GenerationRequest, on_event: Callable[[TokenEvent], None] | None = None
     ) -> FinishEvent:
-        """Submit and wait (blocking). The engine thread must be running."""
+        """Submit and wait (blocking). The engine thread must be running. Interrupted
+        (Ctrl-C), the request is cancelled and `on_event` hears nothing more of it: tokens
+        the engine commits before it sees the cancellation are not shown after the prompt
+        that follows."""
         finished: list[FinishEvent] = []
         done = threading.Event()
+        interrupted = threading.Event()
 
         def emit(event: Event) -> None:
             if isinstance(event, FinishEvent):
                 finished.append(event)
                 done.set()
-            elif on_event is not None:
+            elif on_event is not None and not interrupted.is_set():
                 on_event(event)
 
         ticket = self.submit(request, emit)
         try:
             done.wait()
         except BaseException:
+            interrupted.set()
             ticket.cancel()
             raise
         return finished[0]
@@ -303,14 +308,16 @@ class Engine:
                     self.runner.refresh_session(group.request.session_id)
                 self.scheduler.start(group)
             except Exception as error:  # one bad request must not wedge its slots
-                log.error("request could not start", error=f"{type(error).__name__}: {error}")
-                self.committer.fail(group, "the request could not be started")
+                self.committer.fault(group, error)
 
     def _reap_cancelled(self) -> None:
         for group in self.scheduler.take_cancelled_waiting():
             self.committer.complete(group)
         for group in self.scheduler.cancelled_running():
-            self.committer.cancel(group)
+            try:
+                self.committer.cancel(group)
+            except Exception as error:  # a plugin's hook, ending a sequence
+                self.committer.fault(group, error)
 
     def _fail_all(self, message: str) -> None:
         for group in list(self.scheduler.running):

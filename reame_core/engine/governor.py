@@ -155,6 +155,7 @@ class Governor:
         self._calls: dict[str, _Call] = {}
         self._by_key: dict[int, EngineSequence] = {}  # this step's decoding sequences
         self._order: tuple[int, list[str]] = (0, list(self.sources))  # (step, cheapest first)
+        self._retired: set[str] = set()  # sources that failed: never asked again
 
     # ------------------------------------------------------------- asking
 
@@ -200,7 +201,15 @@ class Governor:
         if self._step - since >= 16:
             order = sorted(self.sources, key=lambda name: self.sources[name].cost.typical())
             self._order = (self._step, order)
-        return order
+        return [name for name in order if name not in self._retired] if self._retired else order
+
+    def retire(self, source: str, reason: str) -> None:
+        """`source` failed (its hook raised): it is never asked again, and reports say why.
+        Drafts only ever save time, so requests go on without its drafts."""
+        state = self.sources[source]
+        state.enabled, state.state, state.reason = False, "failed", reason
+        self._retired.add(source)
+        self._calls.pop(source, None)
 
     def ask(
         self, source: str, requests: Sequence[DraftRequest], offered: Sequence[DraftProposal]
@@ -631,7 +640,8 @@ class Governor:
     def report(self) -> dict[str, Any]:
         """What the governor knows and decided, as plain values (for the API and CLI)."""
         for state in self.sources.values():
-            self._judge(state)
+            if state.name not in self._retired:
+                self._judge(state)
         return {
             "mode": self.mode,
             "draft_max": self.draft_max,

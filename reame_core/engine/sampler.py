@@ -79,7 +79,8 @@ class TokenSampler:
         p = self.params
         values = logits[ids]
         if p.repeat_penalty != 1.0:
-            values = np.where(values > 0, values / p.repeat_penalty, values * p.repeat_penalty)
+            with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # near 0: inf
+                values = np.where(values > 0, values / p.repeat_penalty, values * p.repeat_penalty)
         values = values - freq * p.frequency_penalty - p.presence_penalty
         logits[ids] = values
 
@@ -90,7 +91,15 @@ class TokenSampler:
             probs = np.zeros(adjusted.shape[0], dtype=np.float64)
             probs[int(np.argmax(adjusted))] = 1.0
             return probs
-        scaled = adjusted.astype(np.float64) / p.temperature
+        top = float(adjusted.max())
+        if top == np.inf:  # a repeat penalty near 0 makes some tokens certain: those only
+            certain: np.ndarray = (adjusted == top).astype(np.float64)
+            certain /= certain.sum()
+            return certain
+        # Shifted before scaling, so that a temperature near 0 makes the distribution
+        # near greedy rather than overflowing to inf - inf = NaN.
+        with np.errstate(over="ignore"):  # to -inf: probability 0, as meant
+            scaled = (adjusted.astype(np.float64) - top) / p.temperature
         keep: np.ndarray | None = None
         if p.top_k > 0 and p.top_k < scaled.shape[0]:
             keep = np.argpartition(scaled, -p.top_k)[-p.top_k :]

@@ -299,10 +299,17 @@ class Scheduler:
             if not asked:
                 continue
             started = time.perf_counter()
-            result = self._draft_sources[name].function(requests=asked)
-            made = [
-                p if p.source == name else dataclasses.replace(p, source=name) for p in result or ()
-            ]
+            try:
+                result = self._draft_sources[name].function(requests=asked)
+                made = [
+                    p if p.source == name else dataclasses.replace(p, source=name)
+                    for p in result or ()
+                ]
+            except Exception as error:  # a broken source costs its drafts, nothing more
+                reason = f"its reame_propose_drafts raised {type(error).__name__}"
+                log.exception("draft source failed; it is asked no more", source=name)
+                self.governor.retire(name, reason)
+                continue
             self.governor.proposed(name, time.perf_counter() - started, asked, made)
             proposals += made
         return proposals

@@ -4,6 +4,7 @@ Once the llama.cpp build is known to run on this CPU (the build check, cached af
 first start), the HTTP server comes up and loads the model in the background: /health
 answers 503 until the engine is ready, then 200. Bearer auth guards every route but /health
 and the web page's files (`reame_core.web.page`: they hold no data; the calls they make do).
+SIGTERM drains: no new connections, the requests in flight finish, then the engine stops.
 """
 
 from __future__ import annotations
@@ -118,5 +119,15 @@ def serve(settings: Settings) -> int:
         auth="bearer" if server.api_keys else "off",
         web_page="on" if settings.web else "off",
     )
-    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False)
+    # On SIGTERM or Ctrl-C uvicorn stops accepting connections, lets the requests in flight
+    # finish (streams to their [DONE]) for up to `drain_seconds`, cuts the rest, and only
+    # then runs the shutdown that stops the engine. A second signal exits at once.
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=settings.drain_seconds,
+    )
     return 0

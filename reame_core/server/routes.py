@@ -27,6 +27,7 @@ from reame_core.request import CandidateResult, FinishEvent, TokenEvent, TokenLo
 from reame_core.server import responses, tool_calls
 from reame_core.server.errors import APIError
 from reame_core.server.metrics import ServerMetrics
+from reame_core.server.openapi import ChatOperation, CompletionOperation
 from reame_core.server.service import APICall, Kind, ServerState, prepare
 
 SESSION_HEADER = "x-session-id"
@@ -277,11 +278,11 @@ def _finish_reason(result: CandidateResult, called: bool) -> str:
 class CompletionsController(Controller):
     path = "/v1"
 
-    @post("/chat/completions", status_code=200)
+    @post("/chat/completions", status_code=200, operation_class=ChatOperation)
     async def chat(self, request: Request[Any, Any, Any]) -> Response[Any]:
         return await _serve(request, "chat")
 
-    @post("/completions", status_code=200)
+    @post("/completions", status_code=200, operation_class=CompletionOperation)
     async def completions(self, request: Request[Any, Any, Any]) -> Response[Any]:
         return await _serve(request, "text")
 

@@ -28,13 +28,57 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_core import PydanticCustomError
 
 from reame_core.errors import RequestError
-from reame_core.request import SamplingParams
+from reame_core.request import MAX_LOGIT_BIAS, MAX_STOP_CHARS, MAX_STOPS, SamplingParams
 from reame_core.server.errors import shown
 from reame_core.tools import NO_PARAMETERS, FunctionTool, ToolUse
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _described(**keywords: Any) -> dict[str, Any]:
+    """JSON Schema keywords (for `json_schema_extra`) that describe a field in the published
+    OpenAPI document only: the ranges the engine checks (`SamplingParams`), stated where
+    the field is declared but not checked a second time here."""
+    return keywords
+
+
+_TOKEN_ID_VALUE = {"type": "integer", "minimum": 0}  # below the model's vocabulary size
+_STOP_TEXT = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}
+_TEXT_PARTS = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "required": ["type", "text"],
+        "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+        "additionalProperties": False,
+    },
+}
+
+
+def _one_shape_per_role(schema: dict[str, Any]) -> None:
+    """A message's JSON Schema as `ChatMessage._fields_of_its_role` checks it: one shape per
+    role, so that what the schema admits, the API takes (content parts: text only)."""
+    fields = schema.pop("properties")
+    schema.pop("required", None)
+    schema.pop("additionalProperties", None)
+    content = {"anyOf": [{"type": "string"}, _TEXT_PARTS, {"type": "null"}]}
+
+    def shape(roles: list[str], **extra: Any) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["role", *(name for name in extra if name == "tool_call_id")],
+            "properties": {"role": {"enum": roles}, "content": content, "name": fields["name"]}
+            | extra,
+        }
+
+    schema["oneOf"] = [
+        shape(["system", "user", "developer"]),
+        shape(["assistant"], tool_calls=fields["tool_calls"]),
+        shape(["tool"], tool_call_id={"type": "string"}),
+    ]
 
 
 class StreamOptions(_Strict):
@@ -56,6 +100,8 @@ class ToolCall(_Strict):
 
 
 class ChatMessage(_Strict):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_one_shape_per_role)
+
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
@@ -113,23 +159,45 @@ class _Generation(_Strict):
     read_when_claimed: ClassVar[frozenset[str]] = frozenset()
 
     model: str | None = None
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    n: int = 1
-    stop: str | list[str] | None = None
+    max_tokens: int | None = Field(None, json_schema_extra=_described(minimum=1))
+    temperature: float = Field(1.0, json_schema_extra=_described(minimum=0, maximum=2))
+    top_p: float = Field(1.0, json_schema_extra=_described(exclusiveMinimum=0, maximum=1))
+    n: int = Field(1, json_schema_extra=_described(minimum=1))
+    stop: str | list[str] | None = Field(
+        None,
+        json_schema_extra=_described(
+            anyOf=[
+                _STOP_TEXT,
+                {"type": "array", "items": _STOP_TEXT, "maxItems": MAX_STOPS},
+                {"type": "null"},
+            ]
+        ),
+    )
     seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: float = Field(0.0, json_schema_extra=_described(minimum=-2, maximum=2))
+    frequency_penalty: float = Field(0.0, json_schema_extra=_described(minimum=-2, maximum=2))
+    logit_bias: dict[str, float] | None = Field(
+        None,
+        json_schema_extra=_described(
+            anyOf=[
+                {
+                    "type": "object",
+                    "propertyNames": {"pattern": "^[0-9]{1,5}$"},  # token ids
+                    "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+                    "maxProperties": MAX_LOGIT_BIAS,
+                },
+                {"type": "null"},
+            ]
+        ),
+    )
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     metadata: dict[str, str] | None = None
     # Extensions accepted by llama-server and vLLM.
-    top_k: int = 0
-    min_p: float = 0.0
-    repeat_penalty: float = 1.0
+    top_k: int = Field(0, json_schema_extra=_described(minimum=0))
+    min_p: float = Field(0.0, json_schema_extra=_described(minimum=0, exclusiveMaximum=1))
+    repeat_penalty: float = Field(1.0, json_schema_extra=_described(exclusiveMinimum=0, maximum=10))
     ignore_eos: bool = False
     # Reame's own: keep this conversation's KV between turns (also header X-Session-ID).
     session_id: str | None = Field(None, max_length=SESSION_ID_LIMIT)
@@ -245,11 +313,26 @@ class ChatCompletionRequest(_Generation):
 
 
 class CompletionRequest(_Generation):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        json_schema_extra=_described(
+            anyOf=[
+                {"type": "string", "minLength": 1},
+                {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                {"type": "array", "items": _TOKEN_ID_VALUE, "minItems": 1},
+                {
+                    "type": "array",
+                    "items": {"type": "array", "items": _TOKEN_ID_VALUE, "minItems": 1},
+                    "minItems": 1,
+                },
+            ]
+        )
+    )
     suffix: str | None = None
     logprobs: int | None = Field(None, ge=0, le=5)
-    echo: bool = False
-    max_tokens: int | None = 16
+    echo: bool = Field(
+        False, json_schema_extra=_described(enum=[False])
+    )  # accepted when false only
+    max_tokens: int | None = Field(16, json_schema_extra=_described(minimum=1))
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -250,3 +250,23 @@ def test_invalid_sampling_params_raise_request_error_naming_the_field(
 
     assert raised.value.param == field
     assert field in raised.value.message
+
+
+# ------------------------------------------------------------ extreme but valid values
+
+
+def test_a_temperature_near_zero_samples_as_greedy() -> None:
+    row = logits(0.1, 2.0, -1.0, 0.5, 0.0, 0.0)
+    probs = sampler(temperature=5e-324).distribution(row)
+    assert not np.isnan(probs).any()
+    assert sampler(temperature=5e-324).sample(row) == 1
+
+
+def test_a_repeat_penalty_near_zero_makes_the_repeated_tokens_certain() -> None:
+    # Dividing a positive logit by 5e-324 overflows to inf: the repeated tokens win.
+    row = logits(0.1, 2.0, -1.0, 0.5, 0.0, 0.0)
+    chosen = sampler(history=(0, 3), repeat_penalty=5e-324, temperature=1.0, seed=3)
+    probs = chosen.distribution(row)
+    assert not np.isnan(probs).any()
+    assert probs[[0, 3]].sum() == pytest.approx(1.0)
+    assert chosen.sample(row) in (0, 3)
