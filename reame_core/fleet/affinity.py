@@ -144,6 +144,7 @@ class ReplicaView:
     shared_cache: bool = False
     serial: int = -1
     routed_since_report: list[list[bytes]] = field(default_factory=list)
+    last_routed: int = 0  # when the router last sent it a request (a routing count)
 
     @property
     def load(self) -> int:
@@ -186,6 +187,7 @@ class FleetAffinity:
         self.shared = PrefixSet(shared_capacity)
         self.sessions: OrderedDict[str, str] = OrderedDict()
         self._rng = rng or random.Random()
+        self._routings = 0
 
     # ------------------------------------------------------------ membership
 
@@ -260,12 +262,14 @@ class FleetAffinity:
             scores[replica_id] = max(float(resident), restorable)
         best = max(scores.values())
         if best <= 0:
-            # Nothing cached anywhere: the least loaded, then the one holding the fewest
-            # prefixes (new prefixes spread over the fleet), then at random.
-            order = sorted(
-                live, key=lambda r: (loads[r], len(self.replica(r).resident), self._rng.random())
-            )
-            return Choice(order, "spread")
+            # Nothing cached anywhere: the least loaded; for a new prefix, then the replica
+            # holding the fewest (new prefixes spread over the fleet); then the one least
+            # recently sent a request (a prompt too short to cache goes round the fleet).
+            def spread(r: str) -> tuple[int, int, int]:
+                view = self.replica(r)
+                return (loads[r], len(view.resident) if chain else 0, view.last_routed)
+
+            return Choice(sorted(live, key=spread), "spread")
         # Prefer the cache, but not behind a long queue.
         cost = {r: loads[r] * self.wait_cost_chunks - scores[r] for r in live}
         order = sorted(live, key=lambda r: (cost[r], self._rng.random()))
@@ -278,6 +282,8 @@ class FleetAffinity:
         """Record that a request went to `replica_id`: its prompt will be in that
         replica's slots, and its session lives there from now on."""
         view = self.replica(replica_id)
+        self._routings += 1
+        view.last_routed = self._routings
         chain = prefix_chain(text, self.chunk_chars)
         view.resident.add(chain)
         view.routed_since_report.append(chain)

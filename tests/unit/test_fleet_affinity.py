@@ -76,6 +76,17 @@ def test_new_prefixes_spread_over_the_fleet() -> None:
     assert second.ranked[0] != first
 
 
+def test_prompts_too_short_to_cache_go_round_the_fleet() -> None:
+    affinity = fleet("r1", "r2", "r3")
+    affinity.routed("r1", SYSTEM_A)  # r1 holds a prefix, the others none
+    chosen = []
+    for _ in range(6):
+        replica = affinity.rank(["r1", "r2", "r3"], "Hi.").ranked[0]
+        affinity.routed(replica, "Hi.")
+        chosen.append(replica)
+    assert chosen == ["r2", "r3", "r1", "r2", "r3", "r1"]
+
+
 def test_a_session_stays_on_its_replica_whatever_the_prefixes() -> None:
     affinity = fleet("r1", "r2")
     affinity.routed("r1", SYSTEM_A, session="chat-7")
