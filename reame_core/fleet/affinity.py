@@ -34,8 +34,12 @@ from typing import Any
 
 CHUNK_CHARS = 128
 DISK_WEIGHT = 0.8  # a prefix on the shared disk is worth this much of a resident one
-# A request ahead in a replica's queue delays a new one about as much as computing this many
-# chunks of its prompt (256 tokens): worth waiting for a cache behind one, not behind five.
+# A request ahead in a replica's queue costs as much as computing this many chunks of prompt
+# (about 250 tokens). So a busy replica holding a prefix keeps its requests unless another is
+# idle and either can restore the prefix from the shared disk (worth DISK_WEIGHT of holding
+# it: the idle one wins for prefixes under 40 chunks) or the prefix is under 8 chunks. With
+# 32, measured (docs/BENCHMARKS.md, "Fleet routing"), requests left the replica holding
+# their prefix when nothing could restore it elsewhere.
 WAIT_COST_CHUNKS = 8
 _UNREPORTED = 256  # routed prompts remembered until the replica's next report
 HASH_BYTES = 8
@@ -278,6 +282,9 @@ class FleetAffinity:
         reason = "prefix" if resident_top >= scores[top] else "disk"
         return Choice(order, reason, int(scores[top] * self.chunk_chars))
 
+    def least_recently_routed(self, candidates: Sequence[str]) -> list[str]:
+        return sorted(candidates, key=lambda r: self.replica(r).last_routed)
+
     def routed(self, replica_id: str, text: str, session: str | None = None) -> None:
         """Record that a request went to `replica_id`: its prompt will be in that
         replica's slots, and its session lives there from now on."""
@@ -285,9 +292,10 @@ class FleetAffinity:
         self._routings += 1
         view.last_routed = self._routings
         chain = prefix_chain(text, self.chunk_chars)
-        view.resident.add(chain)
-        view.routed_since_report.append(chain)
-        del view.routed_since_report[:-_UNREPORTED]
+        if chain:
+            view.resident.add(chain)
+            view.routed_since_report.append(chain)
+            del view.routed_since_report[:-_UNREPORTED]
         if session is not None:
             self.sessions[session] = replica_id
             self.sessions.move_to_end(session)

@@ -74,7 +74,8 @@ class ReameRequestRouter(RequestRouter):
             # Every rank below has been offered: wait a little before offering them again.
             pending_request.routing_context.should_backoff = True
         if request is None or not request.routable:
-            return [candidate_replicas]
+            # /health, /metrics, /v1/models: any replica, each in turn.
+            return [[by_id[r]] for r in affinity.least_recently_routed(list(by_id))]
         choice = affinity.rank(list(by_id), request.prompt, request.session)
         return [[by_id[replica_id]] for replica_id in choice.ranked]
 
@@ -85,8 +86,12 @@ class ReameRequestRouter(RequestRouter):
         result: Any,
     ) -> None:
         request = _forwarded(pending_request)
-        if request is not None and request.routable:
+        if request is None:
+            return
+        if request.routable:
             self._state().routed(replica_id.unique_id, request.prompt, request.session)
+        else:
+            self._state().routed(replica_id.unique_id, "")
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)

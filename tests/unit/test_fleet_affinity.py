@@ -111,16 +111,45 @@ def test_replicas_that_left_are_forgotten_with_their_sessions() -> None:
     assert set(affinity.replicas) == {"r2"} and not affinity.sessions
 
 
+def test_a_cached_prefix_is_worth_waiting_for_only_if_it_is_long() -> None:
+    long_prompt, short_prompt = SYSTEM_A, "y" * 640  # 11 chunks, 5 chunks
+    affinity = fleet("r1", "r2", wait_cost_chunks=8)
+    affinity.routed("r1", long_prompt)
+    affinity.routed("r1", short_prompt + "x" * 200)
+    affinity.observe("r1", RoutingStats(queued=0, running=4, slots=4, serial=2))
+    # One request to wait for on r1 (8 chunks' worth): worth it for 11 chunks, not for 5.
+    assert affinity.rank(["r1", "r2"], long_prompt + "more").ranked[0] == "r1"
+    assert affinity.rank(["r1", "r2"], short_prompt + "more").ranked[0] == "r2"
+
+
 def test_a_long_queue_outweighs_a_cached_prefix() -> None:
     affinity = fleet("r1", "r2")
-    affinity.routed("r1", SYSTEM_A)
-    affinity.observe("r1", RoutingStats(queued=0, running=4, slots=4, serial=2))
-    choice = affinity.rank(["r1", "r2"], SYSTEM_A + "more")
-    assert choice.ranked[0] == "r1"  # one request to wait for: still worth the cache
+    affinity.routed("r1", SYSTEM_A * 4)
     affinity.observe("r1", RoutingStats(queued=6, running=4, slots=4, serial=3))
-    choice = affinity.rank(["r1", "r2"], SYSTEM_A + "more")
+    choice = affinity.rank(["r1", "r2"], SYSTEM_A * 4 + "more")
     assert choice.reason == "balance"
     assert choice.ranked[0] == "r2"
+
+
+def test_an_idle_replica_that_can_restore_beats_a_busy_one_holding_the_prefix() -> None:
+    affinity = FleetAffinity(rng=random.Random(1), wait_cost_chunks=8)
+    prompt = SYSTEM_A * 3  # 33 chunks: restoring it is worth 26.4, 6.6 less than holding it
+    chain = prefix_chain(prompt)
+    affinity.observe("r1", RoutingStats(slots=4, shared_cache=True, serial=1))
+    affinity.observe(
+        "r1",
+        RoutingStats(running=4, slots=4, shared_cache=True, resident=chain, stored=chain, serial=2),
+    )
+    affinity.observe("r2", RoutingStats(slots=4, shared_cache=True, serial=1))
+    choice = affinity.rank(["r1", "r2"], prompt + "more")
+    assert choice.ranked[0] == "r2" and choice.reason == "disk"
+
+
+def test_non_completions_go_round_the_fleet() -> None:
+    affinity = fleet("r1", "r2")
+    order = affinity.least_recently_routed(["r1", "r2"])
+    affinity.routed(order[0], "")
+    assert affinity.least_recently_routed(["r1", "r2"])[0] == order[1]
 
 
 def test_imbalanced_queues_fall_back_to_power_of_two_choices() -> None:
