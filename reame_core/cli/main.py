@@ -87,6 +87,28 @@ def _engine_flags(parser: argparse.ArgumentParser, plugins: PluginHost | None) -
     _settings_flags(parser, plugins)
 
 
+def _fleet_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("fleet (Ray Serve; pip install 'reame[ray]')")
+    group.add_argument(
+        "--ray", action="store_true", help="serve from replicas on a Ray cluster, one API in front"
+    )
+    group.add_argument("--replicas", type=int, help="replicas (default 2)")
+    group.add_argument(
+        "--address", help="an existing Ray cluster (default: start one on this machine)"
+    )
+    group.add_argument(
+        "--fleet-dir",
+        help="directory every replica shares for the disk prefix cache and the archive "
+        "(a shared filesystem across machines)",
+    )
+    group.add_argument(
+        "--router",
+        choices=["reame", "pow2", "prefix"],
+        help="request router: Reame's cache and session affinity (default), Ray Serve's power "
+        "of two choices, or Ray Serve LLM's PrefixCacheAffinityRouter",
+    )
+
+
 def _sampling_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("generation")
     group.add_argument("--max-tokens", type=int, default=512)
@@ -162,6 +184,7 @@ def build_parser(plugins: PluginHost | None = None) -> argparse.ArgumentParser:
         default=None,
         help="log each request's prompt and outputs (never logged otherwise)",
     )
+    _fleet_flags(serve)
     _engine_flags(serve, plugins)
 
     pull = commands.add_parser(
@@ -298,6 +321,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             configure_logging(
                 json=settings.log_json, level=settings.log_level, prompts=settings.log_prompts
             )
+            if args.ray:
+                return _serve_fleet(settings, args)
+            fleet_only = ("replicas", "address", "fleet_dir", "router")
+            if any(getattr(args, name) is not None for name in fleet_only):
+                raise ReameError("--replicas, --address, --fleet-dir and --router need --ray")
             from reame_core.server.app import serve
 
             return serve(settings)
@@ -322,6 +350,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _serve_fleet(settings: Settings, args: argparse.Namespace) -> int:
+    try:
+        from reame_core.fleet.launch import serve_fleet
+    except ImportError as error:
+        raise ReameError(
+            f"reame serve --ray needs Ray Serve ({error}): pip install 'reame[ray]'"
+        ) from None
+    from pathlib import Path
+
+    return serve_fleet(
+        settings,
+        replicas=args.replicas or 2,
+        address=args.address,
+        fleet_dir=Path(args.fleet_dir).expanduser() if args.fleet_dir else None,
+        router=args.router or "reame",
+    )
 
 
 def _model_command(args: argparse.Namespace, settings: Settings) -> int:

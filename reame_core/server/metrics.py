@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 from reame_core.hooktypes import DISK_FAULTS
 
 if TYPE_CHECKING:
+    from reame_core.runtime import Runtime
     from reame_core.server.service import ServerState
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -77,6 +78,7 @@ class EngineCollector(Collector):
         yield _gauge(
             "reame_requests_in_flight", "Requests accepted and not finished", self._state.in_flight
         )
+        yield from _model_server_protocol(runtime)
         share = runtime.engine.cpu_share
         if share is not None and share.active:
             yield _gauge("reame_decode_threads", "Threads decoding now", share.threads)
@@ -126,6 +128,25 @@ class EngineCollector(Collector):
                 for name, value in counters.items():
                     yield _gauge(f"reame_{group}_{name}", f"{group}: {name}", value)
         yield faults
+
+
+def _model_server_protocol(runtime: Runtime) -> Iterator[Metric]:
+    """The gauges an inference gateway's endpoint picker scrapes (Gateway API Inference
+    Extension, model server protocol: TotalQueuedRequests, TotalRunningRequests,
+    KVCacheUtilization), named as vLLM names them, with Reame's prefix."""
+    stats = runtime.engine.stats
+    yield _gauge("reame_num_requests_waiting", "Requests queued for a slot", stats.waiting_requests)
+    yield _gauge(
+        "reame_num_requests_running", "Sequences in a slot (prefill or decode)",
+        stats.active_sequences,
+    )  # fmt: skip
+    info = runtime.backend.info
+    held = sum(len(slot.tokens) for slot in runtime.engine.slots.slots if slot.busy)
+    yield _gauge(
+        "reame_kv_cache_usage_perc",
+        "Share of the KV cache's cells held by running sequences (0 to 1)",
+        held / max(1, info.n_seq_max * info.n_ctx_seq),
+    )
 
 
 def _counter(name: str, documentation: str, value: Any) -> Metric:

@@ -1,0 +1,389 @@
+"""A fleet of two replicas on a local Ray cluster: Reame's request router against Ray
+Serve's default (power of two choices) and Ray Serve LLM's PrefixCacheAffinityRouter.
+
+Workload (seeded): six ~500-token system prompts shared by many requests — one-shot
+questions and multi-turn sessions (`X-Session-ID`) — sent by concurrent clients, after a
+warm-up that sends each system prompt once (not measured: every router must compute each
+prompt once; what a router controls is what happens next). Each arm starts a fresh cluster
+on a fresh fleet directory, in a child process, with the replicas sharing a disk prefix
+cache (`shared`) or with no disk cache at all (`off`), and streams every request: time to
+first token (TTFT) is measured at the client, prompt tokens reused from the usage chunk
+(`cached_tokens`: from a slot or from the shared disk cache). Arms run in alternating
+order over repetitions.
+
+Also reported, per replica, the figures a larger fleet is sized from: disk cache bytes per
+cached token and bytes written per computed prompt, and the router's state size.
+
+    .venv/bin/python benchmarks/fleet.py [--reps 1] [--routers reame,pow2,prefix]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import free_port, measure, write_report
+
+SUBJECTS = (
+    ("invoices", "Extract the supplier, the date, the total and the currency"),
+    ("tickets", "Classify the support ticket by urgency and product area"),
+    ("contracts", "List the parties, the term and the notice period"),
+    ("recipes", "Give the main ingredient, the cooking time and the difficulty"),
+    ("shipments", "Give the carrier, the tracking number and the delivery date"),
+    ("reviews", "Give the product, the rating out of five and the main complaint"),
+)
+QUESTIONS = (
+    "Acme Ltd, 3 March, 1,200 EUR.",
+    "The app crashes when I upload a photo.",
+    "Between Rossi and Bianchi, two years, notice of three months.",
+    "Risotto with saffron, forty minutes, medium.",
+    "Invoice from Nordic AB dated 9 May for 310 SEK.",
+    "Login fails after the update on Android.",
+    "Lease between Verdi srl and a tenant, five years.",
+    "Lentil soup, one hour, easy.",
+)
+MAX_TOKENS = 12
+
+
+def system_prompt(subject: str, task: str) -> str:
+    rules = " ".join(
+        f"Rule {i}: when the {subject} text mentions item {i}, report it exactly as written, "
+        f"without translation, in the field it belongs to."
+        for i in range(1, 17)
+    )
+    return f"You process {subject}. {task}. Answer as compact JSON. {rules}"
+
+
+@dataclass
+class Job:
+    """One client's sequence: a session's turns, or one one-shot question."""
+
+    system: str
+    questions: list[str]
+    session: str | None = None
+
+
+@dataclass
+class Result:
+    ttft: float
+    prompt_tokens: int
+    cached_tokens: int
+    replica: str
+    ok: bool = True
+
+
+@dataclass
+class Workload:
+    warmup: list[Job] = field(default_factory=list)  # each system prompt once, not measured
+    jobs: list[Job] = field(default_factory=list)
+
+
+def workload(seed: int, sessions: int, one_shots: int, turns: int) -> Workload:
+    rng = random.Random(seed)
+    systems = [system_prompt(s, t) for s, t in SUBJECTS]
+    jobs = [
+        Job(rng.choice(systems), rng.sample(QUESTIONS, turns), session=f"session-{i}")
+        for i in range(sessions)
+    ]
+    jobs += [Job(rng.choice(systems), [rng.choice(QUESTIONS)]) for _ in range(one_shots)]
+    rng.shuffle(jobs)
+    return Workload([Job(system, ["Ready?"]) for system in systems], jobs)
+
+
+def run_job(url: str, job: Job, results: list[Result], lock: threading.Lock) -> None:
+    import httpx
+
+    messages: list[dict[str, str]] = [{"role": "system", "content": job.system}]
+    headers = {"X-Session-ID": job.session} if job.session else {}
+    with httpx.Client(timeout=300) as client:
+        for question in job.questions:
+            messages.append({"role": "user", "content": question})
+            body = {
+                "messages": messages,
+                "max_tokens": MAX_TOKENS,
+                "temperature": 0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            started = time.perf_counter()
+            ttft, text, usage, replica = None, "", {}, ""
+            with client.stream(
+                "POST", f"{url}/v1/chat/completions", json=body, headers=headers
+            ) as reply:
+                replica = reply.headers.get("x-reame-replica", "")
+                for line in reply.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        break
+                    if chunk.get("usage"):
+                        usage = chunk["usage"]
+                    for choice in chunk.get("choices", ()):
+                        piece = choice.get("delta", {}).get("content") or ""
+                        if ttft is None and piece:  # the first chunk only names the role
+                            ttft = time.perf_counter() - started
+                        text += piece
+            result = Result(
+                ttft=ttft if ttft is not None else float("nan"),
+                prompt_tokens=int(usage.get("prompt_tokens", 0)),
+                cached_tokens=int(usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)),
+                replica=replica,
+                ok=ttft is not None and bool(usage),
+            )
+            with lock:
+                results.append(result)
+            messages.append({"role": "assistant", "content": text})
+
+
+def drive(url: str, jobs: list[Job], clients: int) -> list[Result]:
+    results: list[Result] = []
+    lock = threading.Lock()
+    pending = list(jobs)
+
+    def client() -> None:
+        while True:
+            with lock:
+                if not pending:
+                    return
+                job = pending.pop(0)
+            run_job(url, job, results, lock)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def child(router: str, disk: str, args: argparse.Namespace) -> dict[str, Any]:
+    import ray
+    from ray import serve
+
+    from reame_core.fleet.app import FleetPlan, build_fleet
+
+    with tempfile.TemporaryDirectory(prefix="reame-fleet-") as directory:
+        fleet_dir = Path(directory)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        try:
+            port = free_port()
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            started = time.perf_counter()
+            plan = FleetPlan(replicas=2, threads=1, router=router, fleet_dir=fleet_dir)  # type: ignore[arg-type]
+            settings: dict[str, Any] = {
+                "model": args.model, "ctx": 2048, "parallel": 2, "speculate": "off",
+            }  # fmt: skip
+            if disk == "off":
+                settings["disable_plugins"] = ["diskkv"]
+            serve.run(build_fleet(settings, plan), name="reame", route_prefix="/")
+            ready = time.perf_counter() - started
+            load = workload(args.seed, args.sessions, args.one_shots, args.turns)
+            url = f"http://127.0.0.1:{port}"
+            warm = drive(url, load.warmup, 2)
+            began = time.perf_counter()
+            results = drive(url, load.jobs, args.clients)
+            wall = time.perf_counter() - began
+            counters = replica_counters(url, 2)
+        finally:
+            serve.shutdown()
+            ray.shutdown()
+        kv = list(fleet_dir.glob("kv/v*/*.kv"))
+        disk_bytes = sum(p.stat().st_size for p in kv)
+    ok = [r for r in results if r.ok]
+    ttfts = sorted(r.ttft for r in ok)
+    prompt = sum(r.prompt_tokens for r in ok)
+    cached = sum(r.cached_tokens for r in ok)
+    per_replica: dict[str, int] = {}
+    for r in ok:
+        per_replica[r.replica] = per_replica.get(r.replica, 0) + 1
+    return {
+        "router": router,
+        "disk": disk,
+        "warmup_ttft_s": [round(r.ttft, 2) for r in warm],
+        "requests": len(results),
+        "failed": len(results) - len(ok),
+        "ttft_p50_s": round(statistics.median(ttfts), 3),
+        "ttft_p95_s": round(ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))], 3),
+        "ttft_mean_s": round(statistics.fmean(ttfts), 3),
+        "prompt_tokens": prompt,
+        "reused_tokens": cached,
+        "reused_share": round(cached / prompt, 3) if prompt else 0.0,
+        "wall_s": round(wall, 1),
+        "fleet_ready_s": round(ready, 1),
+        "requests_per_replica": sorted(per_replica.values()),
+        "disk_entries": len(kv),
+        "disk_bytes": disk_bytes,
+        "prompt_tokens_by_replica": counters,
+        "results": [asdict(r) for r in results],
+    }
+
+
+def replica_counters(url: str, replicas: int) -> dict[str, dict[str, float]]:
+    """Each replica's prompt-token counters (computed, reused from a slot, restored from
+    disk), read from its /metrics through the ingress until every replica has answered."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    seen: dict[str, dict[str, float]] = {}
+    for _ in range(40):
+        reply = httpx.get(f"{url}/metrics", timeout=30)
+        name = reply.headers.get("x-reame-replica", "")
+        if name in seen:
+            continue
+        counters = {}
+        for family in text_string_to_metric_families(reply.text):
+            if family.name == "reame_prompt_tokens":
+                for sample in family.samples:
+                    if sample.name.endswith("_total"):
+                        counters[sample.labels["kind"]] = sample.value
+        seen[name] = counters
+        if len(seen) == replicas:
+            break
+    return seen
+
+
+def router_scale(replicas: int, prompts_per_replica: int, sessions: int) -> dict[str, Any]:
+    """The router's memory and time per decision for a large fleet, on synthetic state:
+    every replica's view full of distinct prompts, the shared set full, `sessions` live."""
+    import tracemalloc
+
+    from reame_core.fleet.affinity import FleetAffinity, RoutingStats, prefix_chain
+
+    tracemalloc.start()
+    affinity = FleetAffinity(rng=random.Random(1))
+    base = tracemalloc.get_traced_memory()[0]
+    for r in range(replicas):
+        chains = [
+            h
+            for p in range(prompts_per_replica)
+            for h in prefix_chain(f"replica {r} prompt {p} " * 200)
+        ]
+        affinity.observe(
+            f"r{r}", RoutingStats(slots=4, resident=chains, stored=chains, shared_cache=True)
+        )
+    for s in range(sessions):
+        affinity.sessions[f"session-{s:08d}"] = f"r{s % replicas}"
+    size = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    ids = [f"r{r}" for r in range(replicas)]
+    text = "replica 3 prompt 1 " * 200
+    began = time.perf_counter()
+    for _ in range(200):
+        affinity.rank(ids, text)
+    per_decision = (time.perf_counter() - began) / 200
+    report = RoutingStats(
+        slots=4,
+        resident=[h for p in range(4) for h in prefix_chain(f"p{p} " * 2000)],
+        stored=[h for p in range(64) for h in prefix_chain(f"p{p} " * 500)],
+    )
+    return {
+        "replicas": replicas,
+        "prompts_per_replica": prompts_per_replica,
+        "sessions": sessions,
+        "router_bytes": size,
+        "rank_seconds": per_decision,
+        "report_bytes_4_slots_of_8k_chars_64_stored_2k_chars": len(json.dumps(report.as_dict())),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--router", default="reame", help=argparse.SUPPRESS)
+    parser.add_argument("--disk", default="shared", help=argparse.SUPPRESS)
+    parser.add_argument("--routers", default="reame,pow2,prefix")
+    parser.add_argument(
+        "--disks",
+        default="shared,off",
+        help="shared: the replicas share a disk prefix cache; off: no disk cache at all",
+    )
+    parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--seed", type=int, default=17)
+    parser.add_argument("--sessions", type=int, default=8)
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--one-shots", type=int, default=16)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--out", default="fleet")
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.router, args.disk, args)))
+        return 0
+    routers = args.routers.split(",")
+    runs: list[dict[str, Any]] = []
+    forwarded = [
+        f"--{k.replace('_', '-')}={v}"
+        for k, v in vars(args).items()
+        if k in ("model", "seed", "sessions", "turns", "one_shots", "clients")
+    ]
+    for rep in range(args.reps):
+        for disk in args.disks.split(","):
+            order = routers if rep % 2 == 0 else list(reversed(routers))
+            for router in order:
+                run = measure(__file__, f"--router={router}", f"--disk={disk}", *forwarded)
+                run["rep"] = rep
+                print(
+                    f"rep {rep} disk {disk:6s} {router:6s}: TTFT p50 {run['ttft_p50_s']:.2f} s, "
+                    f"p95 {run['ttft_p95_s']:.2f} s, reused {run['reused_share']:.0%} of "
+                    f"{run['prompt_tokens']} prompt tokens, {run['failed']} failed, "
+                    f"per replica {run['requests_per_replica']}",
+                    flush=True,
+                )
+                runs.append(run)
+    scale = [router_scale(n, 8, 10 * n * 100) for n in (10, 100)]
+    for row in scale:
+        print(
+            f"router state, {row['replicas']} replicas: {row['router_bytes'] / 1e6:.1f} MB, "
+            f"{row['rank_seconds'] * 1e3:.2f} ms a decision",
+            flush=True,
+        )
+    summary: dict[str, dict[str, Any]] = {}
+    for disk in args.disks.split(","):
+        for router in routers:
+            mine = [r for r in runs if r["router"] == router and r["disk"] == disk]
+            summary[f"{router}, disk {disk}"] = {
+                "ttft_p50_s": statistics.median(r["ttft_p50_s"] for r in mine),
+                "ttft_p95_s": statistics.median(r["ttft_p95_s"] for r in mine),
+                "reused_share": statistics.median(r["reused_share"] for r in mine),
+            }
+    path = write_report(
+        args.out,
+        {
+            "command": " ".join(["benchmarks/fleet.py", *sys.argv[1:]]),
+            "model": args.model,
+            "replicas": 2,
+            "threads_per_replica": 1,
+            "workload": {
+                "seed": args.seed,
+                "sessions": args.sessions,
+                "turns": args.turns,
+                "one_shots": args.one_shots,
+                "clients": args.clients,
+                "max_tokens": MAX_TOKENS,
+                "system_prompts": len(SUBJECTS),
+            },
+            "summary": summary,
+            "router_scale": scale,
+            "runs": runs,
+        },
+    )
+    print(json.dumps(summary, indent=2))
+    print(f"written to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    sys.exit(main())

@@ -1,0 +1,6 @@
+"""A fleet of Reame replicas on Ray Serve: one engine per replica, one OpenAI API in front,
+a request router that keeps every replica's caches hot (`affinity`), and the shared disk
+prefix cache and Palimpsest archive in one directory every replica reads and writes.
+
+Only `affinity` is importable without Ray (`pip install 'reame[ray]'`).
+"""

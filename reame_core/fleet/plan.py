@@ -1,0 +1,55 @@
+"""How a fleet is laid out: replicas, threads per replica, router, shared directory.
+Plain data and arithmetic, importable without Ray."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+RouterName = Literal["reame", "pow2", "prefix"]
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    replicas: int
+    threads: int  # per replica: its `num_cpus` as well
+    router: RouterName = "reame"
+    fleet_dir: Path | None = None  # shared prefix cache and archive; None: each its own
+
+    @property
+    def slots(self) -> int:
+        """Slots a replica is expected to plan (two per thread, as the host plan does)."""
+        return 2 * self.threads
+
+
+def plan_fleet(
+    replicas: int,
+    cores_per_node: int,
+    nodes: int = 1,
+    *,
+    threads: int | None = None,
+    router: RouterName = "reame",
+    fleet_dir: Path | None = None,
+) -> FleetPlan:
+    """Threads per replica: the given count, or the node's cores shared among the replicas
+    it will hold (llama.cpp threads spinning on a shared core collapse its speed)."""
+    if threads is None:
+        per_node = math.ceil(replicas / max(1, nodes))
+        threads = max(1, cores_per_node // per_node)
+    return FleetPlan(replicas, threads, router, fleet_dir)
+
+
+def replica_settings(settings: Mapping[str, Any], plan: FleetPlan) -> dict[str, Any]:
+    """Settings for every replica: the fleet's, with the replica's thread count and, with a
+    fleet directory, the disk prefix cache and the archive in it."""
+    values = dict(settings)
+    values["threads"] = plan.threads
+    if plan.fleet_dir is not None:
+        plugins = {name: dict(section) for name, section in values.get("plugins", {}).items()}
+        plugins.setdefault("diskkv", {})["dir"] = str(plan.fleet_dir / "kv")
+        plugins.setdefault("palimpsest", {})["dir"] = str(plan.fleet_dir / "palimpsest")
+        values["plugins"] = plugins
+    return values

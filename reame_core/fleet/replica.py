@@ -1,0 +1,149 @@
+"""One replica of the fleet: a Reame engine and the `reame serve` application around it,
+answering the requests the ingress forwards, and reporting what the router needs to know.
+
+Ray Serve makes it a deployment (`app.py`); it is a plain class so that it reads, and
+runs, without Ray. The model loads in the constructor: Serve sends a replica nothing
+before that returns, so no request ever meets a loading engine.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import structlog
+
+from reame_core.fleet.affinity import CHUNK_CHARS, RoutingStats, prefix_chain
+from reame_core.fleet.forwarding import (
+    REPLICA_HEADER,
+    ForwardedRequest,
+    ReplyStart,
+    exchange,
+)
+from reame_core.runtime import Runtime, start_runtime
+from reame_core.server.app import create_app
+from reame_core.server.service import ServerState
+from reame_core.settings import Settings
+
+log = structlog.get_logger(__name__)
+
+# Prompts of recent requests this replica reports as written to the shared disk cache,
+# each report: enough for the routers to learn them within a few reports, small enough to
+# send every few seconds.
+REPORTED_STORED = 64
+
+
+class ServedPrefixes:
+    """A replica's record of the prompts it computed: the last `slots` of them are what its
+    slots hold (sessions included); with a shared disk cache, the recent ones are there for
+    every replica to restore."""
+
+    def __init__(self, slots: int, shared_cache: bool, chunk_chars: int = CHUNK_CHARS) -> None:
+        self.slots = slots
+        self.shared_cache = shared_cache
+        self.chunk_chars = chunk_chars
+        self._resident: OrderedDict[bytes, list[bytes]] = OrderedDict()
+        self._recent_stored: OrderedDict[bytes, list[bytes]] = OrderedDict()
+        self._serial = 0
+        self._lock = threading.Lock()
+
+    def served(self, text: str, stored_chars: int | None = None) -> None:
+        """A prompt computed here; the disk prefix cache keeps its first `stored_chars`
+        (all of it by default)."""
+        chain = prefix_chain(text, self.chunk_chars)
+        if not chain:
+            return
+        stored = chain if stored_chars is None else chain[: stored_chars // self.chunk_chars]
+        with self._lock:
+            _remember(self._resident, chain, self.slots)
+            if self.shared_cache and stored:
+                _remember(self._recent_stored, stored, REPORTED_STORED)
+
+    def report(self, queued: int, running: int) -> RoutingStats:
+        with self._lock:
+            self._serial += 1
+            return RoutingStats(
+                queued=queued,
+                running=running,
+                slots=self.slots,
+                resident=[h for chain in self._resident.values() for h in chain],
+                stored=[h for chain in self._recent_stored.values() for h in chain],
+                shared_cache=self.shared_cache,
+                serial=self._serial,
+            )
+
+
+def _remember(memory: OrderedDict[bytes, list[bytes]], chain: list[bytes], most: int) -> None:
+    # A prompt extending a remembered one (the next turn of a conversation) replaces it.
+    for shorter in [key for key in memory if key in chain]:
+        del memory[shorter]
+    memory[chain[-1]] = chain
+    while len(memory) > most:
+        memory.popitem(last=False)
+
+
+class ReameReplica:
+    """Constructed by Ray Serve in the replica's actor with the fleet's settings (the
+    values set explicitly, as `Settings` fields). `shared_cache`: the prefix store plugins
+    keep their files in the fleet's shared directory. `name` tags replies
+    (`X-Reame-Replica`). `start` starts the runtime (tests give one over a fake backend)."""
+
+    def __init__(
+        self,
+        settings: Mapping[str, Any],
+        *,
+        shared_cache: bool = False,
+        name: str | None = None,
+        start: Callable[[Settings], Runtime] = start_runtime,
+    ) -> None:
+        self.settings = Settings.load(None, **settings)
+        self.name = name or _replica_name()
+        self.server = ServerState(self.settings, api_keys=self.settings.all_api_keys())
+        self.app = create_app(self.server)
+        runtime = start(self.settings)
+        self.server.runtime = runtime
+        info = runtime.backend.info
+        # Shared only if some plugin restores stored prefixes at all.
+        shared = shared_cache and runtime.plugins.has_implementations("reame_prefix_lookup")
+        self.prefixes = ServedPrefixes(info.n_seq_max, shared_cache=shared)
+        log.info("fleet replica ready", replica=self.name, slots=info.n_seq_max)
+
+    async def __call__(self, request: ForwardedRequest) -> AsyncIterator[ReplyStart | bytes]:
+        status = 0
+        tag = (REPLICA_HEADER.encode(), self.name.encode())
+        async for part in exchange(self.app, request):
+            if isinstance(part, ReplyStart):
+                status = part.status
+                part = ReplyStart(part.status, (*part.headers, tag))
+            yield part
+        if request.routable and status == 200:
+            self.prefixes.served(request.prompt, request.stored_chars)
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        """Ray Serve asks every `request_routing_stats_period_s`; the routers read it."""
+        in_flight = self.server.in_flight
+        running = min(in_flight, self.prefixes.slots)
+        return self.prefixes.report(in_flight - running, running).as_dict()
+
+    def check_health(self) -> None:
+        """Ray Serve restarts a replica whose health check raises."""
+        if self.server.runtime is None:
+            raise RuntimeError(self.server.load_error or "the engine is not running")
+
+    def __del__(self) -> None:
+        runtime, self.server.runtime = self.server.runtime, None
+        if runtime is not None:
+            runtime.close()
+
+
+def _replica_name() -> str:
+    try:
+        from ray import serve
+
+        return str(serve.get_replica_context().replica_id.unique_id)
+    except Exception:  # outside a Serve replica (tests, embedding)
+        import os
+
+        return f"pid-{os.getpid()}"

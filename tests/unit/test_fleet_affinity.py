@@ -1,0 +1,268 @@
+"""The fleet router's decisions, as pure logic: no Ray, no model."""
+
+from __future__ import annotations
+
+import json
+import random
+
+from reame_core.fleet.affinity import (
+    CHUNK_CHARS,
+    FleetAffinity,
+    PrefixSet,
+    RoutingStats,
+    matched_chunks,
+    prefix_chain,
+)
+from reame_core.fleet.forwarding import forwarded, routing_text
+from reame_core.fleet.replica import ServedPrefixes
+
+SYSTEM_A = "You extract invoice fields as JSON. " * 40
+SYSTEM_B = "You classify support tickets by urgency. " * 40
+
+
+def fleet(*replicas: str, **options: object) -> FleetAffinity:
+    affinity = FleetAffinity(rng=random.Random(7), **options)  # type: ignore[arg-type]
+    for replica in replicas:
+        affinity.observe(replica, RoutingStats(slots=4, serial=1))
+    return affinity
+
+
+def test_prompts_sharing_a_beginning_share_the_chain_up_to_where_they_part() -> None:
+    a = prefix_chain(SYSTEM_A + "Invoice 1")
+    b = prefix_chain(SYSTEM_A + "Invoice 2, a longer one")
+    shared = len(SYSTEM_A) // CHUNK_CHARS
+    assert a[:shared] == b[:shared]
+    assert prefix_chain("x" * (CHUNK_CHARS - 1)) == []
+
+
+def test_chain_differs_from_the_first_differing_chunk_on() -> None:
+    a = prefix_chain("a" * 300 + "b" * 300)
+    b = prefix_chain("a" * 300 + "c" * 300)
+    assert a[:2] == b[:2]
+    assert a[2] != b[2] and a[3] != b[3]
+
+
+def test_matched_chunks_finds_the_deepest_held_chunk() -> None:
+    chain = prefix_chain(SYSTEM_A)
+    assert matched_chunks(chain, set(chain[:5])) == 5
+    assert matched_chunks(chain, set()) == 0
+    assert matched_chunks(chain, set(chain)) == len(chain)
+
+
+def test_prefix_set_forgets_the_least_recently_used_first() -> None:
+    held = PrefixSet(capacity=3)
+    held.add([b"a", b"b", b"c"])
+    held.add([b"a"])
+    held.add([b"d"])
+    assert b"b" not in held and b"a" in held and b"d" in held
+
+
+def test_a_request_goes_to_the_replica_holding_its_prefix() -> None:
+    affinity = fleet("r1", "r2")
+    affinity.routed("r2", SYSTEM_A + "Invoice 1")
+    affinity.routed("r1", SYSTEM_B + "Ticket 1")
+    choice = affinity.rank(["r1", "r2"], SYSTEM_A + "Invoice 2")
+    assert choice.ranked[0] == "r2"
+    assert choice.reason == "prefix"
+    assert choice.reused_chars >= len(SYSTEM_A) - CHUNK_CHARS
+
+
+def test_new_prefixes_spread_over_the_fleet() -> None:
+    affinity = fleet("r1", "r2")
+    first = affinity.rank(["r1", "r2"], SYSTEM_A).ranked[0]
+    affinity.routed(first, SYSTEM_A)
+    second = affinity.rank(["r1", "r2"], SYSTEM_B)
+    assert second.reason == "spread"
+    assert second.ranked[0] != first
+
+
+def test_prompts_too_short_to_cache_go_round_the_fleet() -> None:
+    affinity = fleet("r1", "r2", "r3")
+    affinity.routed("r1", SYSTEM_A)  # r1 holds a prefix, the others none
+    chosen = []
+    for _ in range(6):
+        replica = affinity.rank(["r1", "r2", "r3"], "Hi.").ranked[0]
+        affinity.routed(replica, "Hi.")
+        chosen.append(replica)
+    assert chosen == ["r2", "r3", "r1", "r2", "r3", "r1"]
+
+
+def test_a_session_stays_on_its_replica_whatever_the_prefixes() -> None:
+    affinity = fleet("r1", "r2")
+    affinity.routed("r1", SYSTEM_A, session="chat-7")
+    affinity.routed("r2", SYSTEM_B + "turn 2")
+    choice = affinity.rank(["r1", "r2"], SYSTEM_B + "turn 2", session="chat-7")
+    assert choice.ranked[0] == "r1" and choice.reason == "session"
+
+
+def test_a_session_moves_when_its_replica_dies() -> None:
+    affinity = fleet("r1", "r2")
+    affinity.routed("r1", SYSTEM_A, session="chat-7")
+    affinity.forget("r1")
+    choice = affinity.rank(["r2"], SYSTEM_A, session="chat-7")
+    assert choice.ranked == ["r2"] and choice.reason != "session"
+    assert "chat-7" not in affinity.sessions
+
+
+def test_replicas_that_left_are_forgotten_with_their_sessions() -> None:
+    affinity = fleet("r1", "r2")
+    affinity.routed("r1", SYSTEM_A, session="s")
+    affinity.keep_only(["r2"])
+    assert set(affinity.replicas) == {"r2"} and not affinity.sessions
+
+
+def test_a_cached_prefix_is_worth_waiting_for_only_if_it_is_long() -> None:
+    long_prompt, short_prompt = SYSTEM_A, "y" * 640  # 11 chunks, 5 chunks
+    affinity = fleet("r1", "r2", wait_cost_chunks=8)
+    affinity.routed("r1", long_prompt)
+    affinity.routed("r1", short_prompt + "x" * 200)
+    affinity.observe("r1", RoutingStats(queued=0, running=4, slots=4, serial=2))
+    # One request to wait for on r1 (8 chunks' worth): worth it for 11 chunks, not for 5.
+    assert affinity.rank(["r1", "r2"], long_prompt + "more").ranked[0] == "r1"
+    assert affinity.rank(["r1", "r2"], short_prompt + "more").ranked[0] == "r2"
+
+
+def test_a_long_queue_outweighs_a_cached_prefix() -> None:
+    affinity = fleet("r1", "r2")
+    affinity.routed("r1", SYSTEM_A * 4)
+    affinity.observe("r1", RoutingStats(queued=6, running=4, slots=4, serial=3))
+    choice = affinity.rank(["r1", "r2"], SYSTEM_A * 4 + "more")
+    assert choice.reason == "balance"
+    assert choice.ranked[0] == "r2"
+
+
+def test_an_idle_replica_that_can_restore_beats_a_busy_one_holding_the_prefix() -> None:
+    affinity = FleetAffinity(rng=random.Random(1), wait_cost_chunks=8)
+    prompt = SYSTEM_A * 3  # 33 chunks: restoring it is worth 26.4, 6.6 less than holding it
+    chain = prefix_chain(prompt)
+    affinity.observe("r1", RoutingStats(slots=4, shared_cache=True, serial=1))
+    affinity.observe(
+        "r1",
+        RoutingStats(running=4, slots=4, shared_cache=True, resident=chain, stored=chain, serial=2),
+    )
+    affinity.observe("r2", RoutingStats(slots=4, shared_cache=True, serial=1))
+    choice = affinity.rank(["r1", "r2"], prompt + "more")
+    assert choice.ranked[0] == "r2" and choice.reason == "disk"
+
+
+def test_non_completions_go_round_the_fleet() -> None:
+    affinity = fleet("r1", "r2")
+    order = affinity.least_recently_routed(["r1", "r2"])
+    affinity.routed(order[0], "")
+    assert affinity.least_recently_routed(["r1", "r2"])[0] == order[1]
+
+
+def test_imbalanced_queues_fall_back_to_power_of_two_choices() -> None:
+    affinity = fleet("r1", "r2", "r3", "r4", imbalance=2)
+    affinity.observe("r1", RoutingStats(queued=5, running=4, slots=4, serial=2))
+    seen = set()
+    for _ in range(40):
+        choice = affinity.rank(["r1", "r2", "r3", "r4"], SYSTEM_A)
+        assert choice.reason == "balance"
+        assert choice.ranked[0] != "r1"
+        seen.add(choice.ranked[0])
+    assert len(seen) > 1  # two at random each time, not always the same
+
+
+def test_a_prefix_on_the_shared_disk_counts_for_every_replica_that_shares_it() -> None:
+    affinity = FleetAffinity(rng=random.Random(1))
+    affinity.observe("r1", RoutingStats(slots=4, shared_cache=True, serial=1))
+    affinity.observe("r2", RoutingStats(slots=4, shared_cache=True, serial=1))
+    affinity.observe("r3", RoutingStats(slots=4, shared_cache=False, serial=1))
+    # r1 computed it and wrote it to the shared disk; r1 is busy now.
+    affinity.observe(
+        "r1",
+        RoutingStats(
+            queued=1, running=4, slots=4, shared_cache=True,
+            stored=prefix_chain(SYSTEM_A), serial=2,
+        ),
+    )  # fmt: skip
+    choice = affinity.rank(["r1", "r2", "r3"], SYSTEM_A + "Invoice 9")
+    assert choice.ranked[0] == "r2"
+    assert choice.reason == "disk"
+    assert choice.ranked.index("r2") < choice.ranked.index("r3")
+
+
+def test_a_resident_prefix_beats_the_same_prefix_on_disk() -> None:
+    affinity = FleetAffinity(rng=random.Random(1))
+    chain = prefix_chain(SYSTEM_A)
+    for replica in ("r1", "r2"):
+        affinity.observe(replica, RoutingStats(slots=4, shared_cache=True, serial=1))
+    affinity.observe(
+        "r2", RoutingStats(slots=4, shared_cache=True, resident=chain, stored=chain, serial=2)
+    )
+    for _ in range(10):
+        assert affinity.rank(["r1", "r2"], SYSTEM_A + "q").ranked[0] == "r2"
+
+
+def test_a_report_replaces_guesses_but_keeps_requests_routed_since() -> None:
+    affinity = fleet("r1")
+    affinity.routed("r1", SYSTEM_A)
+    affinity.observe("r1", RoutingStats(slots=4, serial=2))  # evicted since
+    affinity.routed("r1", SYSTEM_B)
+    view = affinity.replica("r1")
+    assert view.resident.matched(prefix_chain(SYSTEM_B)) > 0
+    affinity.observe("r1", RoutingStats(slots=4, resident=[], serial=3))
+    assert view.resident.matched(prefix_chain(SYSTEM_A)) == 0
+
+
+def test_stats_cross_process_boundaries_as_plain_data() -> None:
+    stats = RoutingStats(1, 2, 4, prefix_chain(SYSTEM_A), prefix_chain(SYSTEM_B), True, 9)
+    data = json.loads(json.dumps(stats.as_dict()))
+    assert RoutingStats.from_dict(data) == stats
+
+
+def test_a_replica_reports_what_its_slots_hold_and_what_it_stored() -> None:
+    served = ServedPrefixes(slots=2, shared_cache=True)
+    longer = SYSTEM_A + "and the next turn of the conversation " * 5
+    served.served(SYSTEM_A)
+    served.served(longer)
+    served.served(SYSTEM_B)
+    served.served("short")
+    report = served.report(queued=0, running=1)
+    assert report.slots == 2 and report.running == 1
+    assert matched_chunks(prefix_chain(SYSTEM_B), set(report.resident)) > 0
+    # The longer turn replaced the shorter one and both still fit the two slots.
+    assert len(set(report.resident)) == len(prefix_chain(longer)) + len(prefix_chain(SYSTEM_B))
+    assert matched_chunks(prefix_chain(SYSTEM_A), set(report.stored)) == len(prefix_chain(SYSTEM_A))
+    assert served.report(0, 0).serial > report.serial
+
+
+def test_a_replica_reports_as_stored_only_what_the_disk_cache_keeps() -> None:
+    served = ServedPrefixes(slots=2, shared_cache=True)
+    served.served(SYSTEM_A + "the question", stored_chars=len(SYSTEM_A))
+    report = served.report(0, 0)
+    assert len(report.stored) == len(SYSTEM_A) // CHUNK_CHARS
+    assert len(report.resident) == len(prefix_chain(SYSTEM_A + "the question"))
+
+
+def test_a_replica_without_a_shared_cache_reports_nothing_stored() -> None:
+    served = ServedPrefixes(slots=2, shared_cache=False)
+    served.served(SYSTEM_A)
+    assert served.report(0, 0).stored == []
+
+
+def test_routing_text_reads_messages_in_order_with_their_roles() -> None:
+    body = json.dumps(
+        {
+            "messages": [
+                {"role": "system", "content": "S"},
+                {"role": "user", "content": [{"type": "text", "text": "U"}]},
+            ],
+            "session_id": "abc",
+        }
+    ).encode()
+    routed = routing_text(body)
+    assert (routed.text, routed.session) == ("system\nS\nuser\nU\n", "abc")
+    assert routed.stored_chars == len("system\nS\n")  # the first turn
+    routed = routing_text(b'{"prompt": ["first", "second"]}')
+    assert (routed.text, routed.session, routed.stored_chars) == ("first", None, 5)
+    assert routing_text(b"not json").text == ""
+
+
+def test_forwarded_takes_the_session_header_before_the_body_field() -> None:
+    body = json.dumps({"prompt": "hello", "session_id": "body"}).encode()
+    request = forwarded("POST", "/v1/completions", b"", [(b"X-Session-ID", b"head")], body)
+    assert request.session == "head" and request.prompt == "hello" and request.routable
+    health = forwarded("GET", "/health", b"", [], b"")
+    assert not health.routable and health.prompt == "/health"
