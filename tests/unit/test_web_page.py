@@ -1,6 +1,6 @@
 """The web page at / and the status route it reads: what is served, with which headers, to
 whom, and what /status tells. The page's behaviour in a browser is tested in
-tests/integration/test_web_page.py."""
+tests/integration/test_web_page_browser.py."""
 
 from __future__ import annotations
 
