@@ -20,6 +20,7 @@ import pluggy
 import structlog
 
 from reame_core import hookspecs
+from reame_core.errors import ModelLoadError, SettingsError
 from reame_core.hooktypes import DiskNeed, ModelInfo
 
 if TYPE_CHECKING:
@@ -88,12 +89,17 @@ class PluginHost:
 
     def configure(self, settings: Settings, model: ModelInfo) -> None:
         """Call every plugin's `reame_configure`, in pluggy's order. A plugin whose
-        configure raises is disabled, with the reason logged and kept in its record: the
-        others, and the server, run without it."""
+        configure fails unexpectedly is disabled, with the reason logged and kept in its
+        record: the others, and the server, run without it. A plugin that refuses what the
+        user configured (`SettingsError`, `ModelLoadError`: a bad option, a draft model of
+        another vocabulary) stops the start with its message instead: running without what
+        was asked for would hide the mistake."""
         arguments = {"settings": settings, "model": model, "hook": self.hook}
         for impl in reversed(self.hook.reame_configure.get_hookimpls()):
             try:
                 impl.function(**{name: arguments[name] for name in impl.argnames})
+            except (SettingsError, ModelLoadError):
+                raise
             except Exception as error:
                 reason = f"reame_configure raised {type(error).__name__}: {error}"
                 log.exception("plugin failed to configure; disabled", plugin=impl.plugin_name)

@@ -19,6 +19,7 @@ from litestar.testing import TestClient
 
 from reame_core.backend.fake import EOS, FakeBackend
 from reame_core.engine.engine import Engine
+from reame_core.errors import SettingsError
 from reame_core.hookspecs import hookimpl
 from reame_core.hooktypes import DraftProposal, DraftRequest, ModelInfo, SequenceView
 from reame_core.plugins import PluginHost
@@ -281,6 +282,21 @@ def test_a_plugin_whose_configure_raises_is_disabled_with_the_reason(
         assert finish.error is None and len(finish.candidates[0].tokens) == 4
     finally:
         runtime.close()
+
+
+class RefusesItsSettings:
+    @hookimpl
+    def reame_configure(self, settings: Settings, model: ModelInfo, hook: Any) -> None:
+        raise SettingsError("[plugins.refuser] 'depth' must be at most 8")
+
+
+def test_a_plugin_that_refuses_what_the_user_configured_stops_the_start(
+    plugins: PluginHost,
+) -> None:
+    # A mistake in the configuration is said at start, not hidden by running without it.
+    plugins.register(RefusesItsSettings(), "refuser")
+    with pytest.raises(SettingsError, match="'depth' must be at most 8"):
+        start_runtime(Settings(), backend=FakeBackend(), plugins=plugins)
 
 
 class ShortSecondCandidate:
