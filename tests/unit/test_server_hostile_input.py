@@ -12,28 +12,24 @@ from __future__ import annotations
 import json
 import select
 import socket
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from api_errors import openai_error
 from litestar import Litestar
 from litestar.testing import TestClient
+from loopback import serve_on_loopback
 
 from reame_core.backend.fake import FakeBackend
 from reame_core.cli import main as cli_main
 from reame_core.plugins import PluginHost
 from reame_core.request import MAX_LOGIT_BIAS, MAX_STOP_CHARS, MAX_STOPS
-from reame_core.runtime import start_runtime
-from reame_core.server.app import OPEN_PATHS, create_app
+from reame_core.server.app import OPEN_PATHS
 from reame_core.server.json_body import MAX_DEPTH
-from reame_core.server.service import ServerState
 from reame_core.settings import Settings
 
 Client = TestClient[Litestar]
@@ -247,29 +243,6 @@ def test_tool_parameters_past_their_own_depth_limit_get_its_message(client: Clie
 # -------------------------------------------------------------------- request size
 
 
-@contextmanager
-def on_uvicorn(plugins: PluginHost, settings: Settings) -> Iterator[str]:
-    """The app over a fake backend, served by uvicorn on a loopback port; yields its URL."""
-    state = ServerState(settings, api_keys=settings.all_api_keys())
-    app = create_app(state)
-    state.runtime = start_runtime(settings, backend=FakeBackend(), plugins=plugins)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, access_log=False)
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True  # its shutdown closes the runtime
-        thread.join(timeout=30)
-
-
 def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
     """One HTTP/1.1 response with a Content-Length body, read off a raw socket."""
     data = b""
@@ -293,7 +266,7 @@ LIMIT = 64 << 10
 def test_chunked_body_past_the_limit_is_413_before_the_stream_ends(plugins: PluginHost) -> None:
     chunk_size = 16 << 10
     chunk = b"%x\r\n%s\r\n" % (chunk_size, b" " * chunk_size)
-    with on_uvicorn(plugins, Settings(max_body_bytes=LIMIT)) as url:
+    with serve_on_loopback(Settings(max_body_bytes=LIMIT), plugins=plugins) as (url, _):
         port = int(url.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
             sock.sendall(
@@ -321,7 +294,7 @@ def test_chunked_body_past_the_limit_is_413_before_the_stream_ends(plugins: Plug
 
 
 def test_announced_length_past_the_limit_is_413_before_any_body(plugins: PluginHost) -> None:
-    with on_uvicorn(plugins, Settings(max_body_bytes=LIMIT)) as url:
+    with serve_on_loopback(Settings(max_body_bytes=LIMIT), plugins=plugins) as (url, _):
         port = int(url.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
             sock.sendall(

@@ -9,21 +9,17 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-import uvicorn
 from api_errors import openai_error
+from loopback import serve_on_loopback
 
 from reame_core.backend.fake import FakeBackend
 from reame_core.plugins import PluginHost
-from reame_core.runtime import start_runtime
-from reame_core.server.app import create_app
-from reame_core.server.service import ServerState
 from reame_core.settings import Settings
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
@@ -37,25 +33,12 @@ STEP_S = 0.004  # a decode step of the fake model: streams last long enough to c
 @contextmanager
 def served(plugins: PluginHost, step_s: float = STEP_S) -> Iterator[str]:
     """The app over a slow fake backend, served by uvicorn on a loopback port."""
-    settings = Settings(max_queue=QUEUE)
-    state = ServerState(settings)
-    app = create_app(state)
     backend = FakeBackend(n_seq_max=SLOTS, step_cost_s=step_s)
-    state.runtime = start_runtime(settings, backend=backend, plugins=plugins)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, access_log=False)
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    finally:
-        server.should_exit = True  # its shutdown closes the runtime
-        thread.join(timeout=30)
+    with serve_on_loopback(Settings(max_queue=QUEUE), backend=backend, plugins=plugins) as (
+        url,
+        _,
+    ):
+        yield url
 
 
 def active_sequences(url: str) -> float:
