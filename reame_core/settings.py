@@ -51,7 +51,10 @@ class Settings(BaseSettings):
         None, ge=1, le=64, description="Sequence slots decoded together; default: from RAM."
     )
     kv_type: Literal["f16", "q8_0"] | None = Field(
-        None, description="KV cache type; default: f16, q8_0 when memory is tight."
+        None,
+        description="KV cache type of keys and values; default: q8_0 keys and f16 values "
+        "when deterministic (f16 keys turn flash attention off), f16 otherwise; q8_0 values "
+        "when memory is tight.",
     )
     batch: int | None = Field(
         None, ge=16, description="Most tokens in one decode step (n_batch); default: 512."
@@ -61,8 +64,9 @@ class Settings(BaseSettings):
     )
     deterministic: bool = Field(
         True,
-        description="Per-sequence KV and no flash attention: a request's tokens do not "
-        "depend on its batch neighbours or on cache hits.",
+        description="Per-sequence KV, and attention along one path (q8_0 keys): a "
+        "request's tokens depend neither on its batch neighbours, on cache hits, nor on the "
+        "thread count.",
     )
     adapt_threads: bool = Field(
         True,

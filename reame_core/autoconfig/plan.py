@@ -11,9 +11,10 @@ A plugin that keeps data on disk declares how much it wants (hook `reame_disk_ne
 plan turns each need into a budget from the free disk and offers it as the default of the
 plugin's setting. The plan names no plugin itself.
 
-Flash attention follows `deterministic` (off there: it changed tokens after a prefix
-restore). llama.cpp stores a quantized V cache only with flash attention, so in the
-deterministic configuration q8_0 applies to the keys and the values stay f16.
+Flash attention is on. In the deterministic configuration the keys are cached as q8_0,
+which keeps ggml's flash attention on the one path whose results depend on neither the
+batch nor the thread count (`stable_attention`); were f16 keys and values set explicitly,
+flash attention is off instead. The values are f16, q8_0 when memory is tight.
 
 Pure functions of their inputs: tests feed fake facts and check the decisions.
 """
@@ -186,11 +187,15 @@ def _batch(settings: Settings, facts: HostFacts, shape: ModelShape, ctx: int) ->
 
 
 def _flash_attn(settings: Settings) -> Choice[bool]:
-    if settings.deterministic:
+    if not settings.deterministic:
+        return Choice(True, "--no-deterministic selects llama.cpp's fastest settings")
+    if settings.kv_type == "f16":
         return Choice(
-            False, "deterministic configuration (with it on, a restored prefix changed tokens)"
+            False,
+            "deterministic configuration with f16 keys and values set: flash attention would "
+            "then compute rows along paths that depend on the batch and the thread count",
         )
-    return Choice(True, "--no-deterministic selects llama.cpp's fastest settings")
+    return Choice(True, "with q8_0 keys it computes every row along one path (deterministic)")
 
 
 def _kv_types(
@@ -202,16 +207,21 @@ def _kv_types(
         if settings.kv_type != "f16" and not flash_attn:
             return keys, Choice("f16", values_note)
         return keys, Choice(settings.kv_type, "set in the settings", explicit=True)
-    f16_need = int(tokens * shape.kv_bytes_per_token("f16", "f16"))
-    if f16_need <= room:
-        why = f"{size(f16_need)} of KV fits in the {size(room)} left after the model"
-        return Choice("f16", why), Choice("f16", why)
+    stable_keys = settings.deterministic and flash_attn
+    keys_type: KVType = "q8_0" if stable_keys else "f16"
+    keys_note = ""
+    if stable_keys:
+        keys_note = "; q8_0 keys keep flash attention on one path (deterministic)"
+    need = int(tokens * shape.kv_bytes_per_token(keys_type, "f16"))
+    if need <= room:
+        why = f"{size(need)} of KV fits in the {size(room)} left after the model"
+        return Choice(keys_type, why + keys_note), Choice("f16", why)
     why = (
-        f"memory is tight: f16 KV would need {size(f16_need)}, "
+        f"memory is tight: {keys_type} keys and f16 values would need {size(need)}, "
         f"{size(max(room, 0))} is left after the model"
     )
     if flash_attn:
-        return Choice("q8_0", why), Choice("q8_0", why)
+        return Choice("q8_0", why + keys_note), Choice("q8_0", why)
     return Choice("q8_0", f"{why}; {values_note}"), Choice("f16", values_note)
 
 

@@ -1,9 +1,10 @@
 """`Backend` over llama.cpp's C API (llama-cpp-python's ctypes bindings, not its `Llama` class).
 
 One model, one context with `n_seq_max` sequence slots. In the deterministic configuration
-each sequence gets its own KV stream and flash attention is off: that makes a sequence's
-logits independent of its batch neighbours and of whether its prefix was restored or
-copied (see docs/ARCHITECTURE.md, "Determinism").
+each sequence gets its own KV stream and attention takes one path for every query row
+(`stable_attention`): that makes a sequence's logits independent of its batch neighbours,
+of the thread count and of whether its prefix was restored or copied (see
+docs/ARCHITECTURE.md, "Determinism").
 """
 
 from __future__ import annotations
@@ -61,10 +62,22 @@ def build_has_llamafile() -> bool:
     return "LLAMAFILE = 1" in system_info()
 
 
-def default_flash_attn(deterministic: bool) -> bool:
-    """Off in the deterministic configuration: with flash attention on, a restored prefix
-    changed the greedy tokens even with per-sequence KV (docs/BENCHMARKS.md)."""
-    return not deterministic
+def stable_attention(flash_attn: bool, type_k: KVType, type_v: KVType) -> bool:
+    """Whether attention computes a query row the same way whatever else is in its batch and
+    however many threads run it.
+
+    ggml's CPU flash attention has three paths: a tiled one for chunks of 64 rows or more,
+    one that splits the cache among the threads for a lone row against 512 cells or more,
+    and a one-row path that walks the whole cache in order. The first two serve only f16
+    keys with f16 values; with keys in q8_0 (or K and V of different types) every row takes
+    the one-row path, whose result depends on neither (benchmarks/attention_paths.py).
+    Without flash attention the result depends on neither either, given the chunk grid."""
+    return not flash_attn or type_k != "f16" or type_v != "f16"
+
+
+def default_kv_types(deterministic: bool, flash_attn: bool) -> tuple[KVType, KVType]:
+    """f16 keys and values; keys in q8_0 where that keeps attention stable."""
+    return ("q8_0" if deterministic and flash_attn else "f16"), "f16"
 
 
 # A GGUF without a trained context length is old or odd; llama.cpp itself then uses 4096.
@@ -236,9 +249,9 @@ class LlamaBackend:
         n_batch: int = 512,
         n_threads: int = 2,
         deterministic: bool = True,
-        flash_attn: bool | None = None,
-        type_k: KVType = "f16",
-        type_v: KVType = "f16",
+        flash_attn: bool = True,
+        type_k: KVType | None = None,
+        type_v: KVType | None = None,
         name: str | None = None,
         use_extra_bufts: bool = True,
     ) -> None:
@@ -265,8 +278,8 @@ class LlamaBackend:
         ctx_params.n_threads_batch = n_threads
         ctx_params.no_perf = True
         ctx_params.kv_unified = not deterministic
-        if flash_attn is None:
-            flash_attn = default_flash_attn(deterministic)
+        default_k, default_v = default_kv_types(deterministic, flash_attn)
+        type_k, type_v = type_k or default_k, type_v or default_v
         ctx_params.flash_attn_type = (
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
             if flash_attn

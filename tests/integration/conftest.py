@@ -105,7 +105,8 @@ def use_extra_bufts(build_check: BuildVerdict) -> bool:
 
 @pytest.fixture(scope="session")
 def backend(smollm2_path: Path, use_extra_bufts: bool) -> Iterator[LlamaBackend]:
-    """SmolLM2 in the deterministic configuration: per-sequence KV, no flash attention."""
+    """SmolLM2 in the deterministic configuration: per-sequence KV, flash attention on its
+    one-row path (q8_0 keys)."""
     backend = LlamaBackend(
         smollm2_path,
         n_ctx_seq=1024,

@@ -1,5 +1,5 @@
-"""A q8_0 K cache, as host auto-configuration picks when memory is tight, keeps the
-deterministic configuration's promise: reusing a prefix gives bit-identical logits."""
+"""A q8_0 K cache, the deterministic configuration's default, keeps its promise: reusing a
+prefix gives bit-identical logits."""
 
 from __future__ import annotations
 
@@ -75,4 +75,11 @@ def test_a_quantized_v_cache_without_flash_attention_is_refused_clearly(
     smollm2_path: Path,
 ) -> None:
     with pytest.raises(ModelLoadError, match="needs flash attention"):
-        LlamaBackend(smollm2_path, n_ctx_seq=256, n_seq_max=1, type_k="q8_0", type_v="q8_0")
+        LlamaBackend(
+            smollm2_path,
+            n_ctx_seq=256,
+            n_seq_max=1,
+            flash_attn=False,
+            type_k="q8_0",
+            type_v="q8_0",
+        )

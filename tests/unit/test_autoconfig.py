@@ -87,10 +87,12 @@ def test_the_explanation_says_why_in_one_line_per_value() -> None:
     assert set(lines) >= {"ctx", "parallel", "batch", "kv_type", "flash_attn", "memory"}
 
 
-def test_a_roomy_server_gets_f16_kv_the_full_context_and_many_slots() -> None:
+def test_a_roomy_server_gets_q8_0_keys_f16_values_the_full_context_and_many_slots() -> None:
     result = plan(SERVER_16, QWEN_15B)
 
-    assert (result.kv_type_k.value, result.kv_type_v.value) == ("f16", "f16")
+    assert result.flash_attn.value
+    assert (result.kv_type_k.value, result.kv_type_v.value) == ("q8_0", "f16")
+    assert "one path" in result.kv_type_k.why
     assert result.ctx.value == 4096
     assert result.parallel.value == 16
     assert result.batch.value == 512
@@ -112,12 +114,27 @@ def test_a_2_core_arm_box_with_1_gb_runs_the_0_5b_model_within_its_memory() -> N
     assert result.warnings == ()
 
 
-def test_tight_memory_quantizes_the_keys_and_keeps_f16_values_when_deterministic() -> None:
+def test_fast_settings_on_a_roomy_server_keep_f16_keys_and_values() -> None:
+    result = plan(SERVER_16, QWEN_15B, deterministic=False)
+
+    assert result.flash_attn.value
+    assert (result.kv_type_k.value, result.kv_type_v.value) == ("f16", "f16")
+
+
+def test_tight_memory_quantizes_the_values_too_when_deterministic() -> None:
     result = plan(host(free_gb=1.9), QWEN_15B)
 
-    assert (result.kv_type_k.value, result.kv_type_v.value) == ("q8_0", "f16")
-    assert "flash attention" in result.kv_type_v.why
+    assert result.flash_attn.value
+    assert (result.kv_type_k.value, result.kv_type_v.value) == ("q8_0", "q8_0")
+    assert "memory is tight" in result.kv_type_v.why
+
+
+def test_deterministic_with_f16_kv_set_turns_flash_attention_off() -> None:
+    result = plan(SERVER_16, QWEN_15B, kv_type="f16")
+
     assert not result.flash_attn.value
+    assert "thread count" in result.flash_attn.why
+    assert (result.kv_type_k.value, result.kv_type_v.value) == ("f16", "f16")
 
 
 def test_tight_memory_quantizes_keys_and_values_when_flash_attention_is_on() -> None:
@@ -136,12 +153,12 @@ def test_slots_shrink_before_the_context_does() -> None:
 
 
 def test_the_context_shrinks_when_not_even_one_slot_fits() -> None:
-    result = plan(host(free_gb=1.75), QWEN_15B)
+    result = plan(host(free_gb=1.71), QWEN_15B)
 
     assert result.parallel.value == 1
     assert 512 <= result.ctx.value < 4096
     assert result.ctx.value % 256 == 0
-    room = host(free_gb=1.75).memory_available - QWEN_15B.file_bytes - RUNTIME_RESERVE
+    room = host(free_gb=1.71).memory_available - QWEN_15B.file_bytes - RUNTIME_RESERVE
     assert kv_bytes(result, QWEN_15B) <= room
 
 
@@ -185,10 +202,11 @@ def test_explicit_slots_leave_the_context_to_memory() -> None:
     assert result.ctx.value < 4096
 
 
-def test_an_explicit_q8_0_kv_quantizes_only_the_keys_when_deterministic() -> None:
+def test_an_explicit_q8_0_kv_quantizes_keys_and_values_when_deterministic() -> None:
     result = plan(SERVER_16, QWEN_15B, kv_type="q8_0")
 
-    assert (result.kv_type_k.value, result.kv_type_v.value) == ("q8_0", "f16")
+    assert result.flash_attn.value
+    assert (result.kv_type_k.value, result.kv_type_v.value) == ("q8_0", "q8_0")
 
 
 CACHE = DiskNeed("cache", "cached things", share=0.25, cap=10 * GIB)

@@ -1,0 +1,108 @@
+"""The deterministic configuration's attention: flash attention with keys in q8_0 computes
+every query row along one path, so a token's logits depend neither on the thread count nor
+on how its prompt was cut into chunks (benchmarks/attention_paths.py measures every path).
+
+The thread check runs against 600 tokens of context: from 512 cached cells on, ggml's flash
+attention with f16 keys and values splits a lone row's cache among the threads, and its
+result then depends on their number — the control below shows the check reaches that path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reame_core.backend.base import Batch
+from reame_core.backend.llama import LlamaBackend, stable_attention
+from reame_core.models.shape import KVType
+
+pytestmark = pytest.mark.model
+
+CONTEXT = 600
+
+
+def tokens_for(backend: LlamaBackend, count: int) -> list[int]:
+    rng = np.random.default_rng(3)
+    return [int(t) for t in rng.integers(100, min(backend.info.n_vocab, 5000), count)]
+
+
+def logits_in_chunks(
+    backend: LlamaBackend, tokens: list[int], sizes: list[int], last_threads: int = 2
+) -> np.ndarray:
+    """Every token's logits, the tokens fed in chunks of `sizes` (the last chunk computed
+    with `last_threads` threads)."""
+    backend.seq_rm(0, 0, -1)
+    rows, position = [], 0
+    try:
+        for index, size in enumerate(sizes):
+            if index == len(sizes) - 1:
+                backend.set_threads(last_threads)
+            batch = Batch()
+            for offset in range(size):
+                batch.add(tokens[position + offset], position + offset, 0, True)
+            rows.append(np.array(backend.decode(batch), copy=True))
+            position += size
+    finally:
+        backend.set_threads(2)
+        backend.seq_rm(0, 0, -1)  # the session's backend goes to the next test empty
+    return np.concatenate(rows)
+
+
+def one_token_after_context(backend: LlamaBackend, threads: int) -> np.ndarray:
+    tokens = tokens_for(backend, CONTEXT)
+    return logits_in_chunks(backend, tokens, [256, 256, CONTEXT - 513, 1], threads)[-1]
+
+
+def load(path: Path, use_extra_bufts: bool, type_k: KVType | None) -> LlamaBackend:
+    return LlamaBackend(
+        path,
+        n_ctx_seq=1024,
+        n_seq_max=1,
+        n_batch=512,
+        n_threads=2,
+        deterministic=True,
+        type_k=type_k,
+        use_extra_bufts=use_extra_bufts,
+    )
+
+
+def test_the_default_is_flash_attention_with_q8_0_keys(backend: LlamaBackend) -> None:
+    assert backend.flash_attn
+    assert backend.info.kv_type == "q8_0/f16"
+    assert stable_attention(True, "q8_0", "f16")
+    assert not stable_attention(True, "f16", "f16")
+
+
+def test_a_token_gets_the_same_logits_with_one_thread_as_with_two(
+    smollm2_path: Path, use_extra_bufts: bool
+) -> None:
+    default = load(smollm2_path, use_extra_bufts, None)
+    try:
+        one, two = one_token_after_context(default, 1), one_token_after_context(default, 2)
+    finally:
+        default.close()
+    assert np.array_equal(one, two)
+
+    # The control: f16 keys and values take the thread-split path here, and differ.
+    f16 = load(smollm2_path, use_extra_bufts, "f16")
+    try:
+        differs = not np.array_equal(
+            one_token_after_context(f16, 1), one_token_after_context(f16, 2)
+        )
+    finally:
+        f16.close()
+    assert differs, "f16 flash attention no longer depends on threads: revisit the q8_0 keys"
+
+
+@pytest.mark.parametrize("tail", [1, 2, 8, 63, 64, 65])
+def test_a_prompt_cut_anywhere_gives_the_logits_of_one_chunk(
+    backend: LlamaBackend, tail: int
+) -> None:
+    """SmolLM2's Q4_1 weights are not repacked, so the chunk grid is not needed here: any
+    cut must give the same logits (with f16 flash attention, tails under 64 did not)."""
+    tokens = tokens_for(backend, 300)
+    whole = logits_in_chunks(backend, tokens, [300])
+    cut = logits_in_chunks(backend, tokens, [300 - tail, tail])
+    assert np.array_equal(cut[300 - tail :], whole[300 - tail :])
