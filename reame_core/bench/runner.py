@@ -102,13 +102,19 @@ def run_workload(
 
 
 def trial_measure(
-    run: Callable[[Trial], Sample], *, model: str, quick: bool, threads: int | None
+    run: Callable[[Trial], Sample],
+    *,
+    model: str,
+    quick: bool,
+    threads: int | None,
+    draft: str | None = None,
 ) -> Measure:
     """A `Measure` that describes each measurement as a `Trial` and hands it to `run`
     (`child.measure_in_child`, or `arms.run_trial` in this process)."""
 
     def measure(workload: Workload, arm: Arm, rep: int, scratch: str) -> Sample:
         size = workload.size(quick)
-        return run(Trial(workload.name, arm, rep, size, model, scratch, threads))
+        given = draft if workload.needs_draft_model else None
+        return run(Trial(workload.name, arm, rep, size, model, scratch, threads, given))
 
     return measure
