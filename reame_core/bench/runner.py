@@ -71,6 +71,7 @@ def row_from_samples(
         baseline_value=median([s.value for s in baseline]),
         identical=f"{sum(compared)} of {len(compared)}" if compared else None,
         detail=dict(feature[-1].detail),
+        baseline_detail=dict(baseline[-1].detail),
     )
 
 

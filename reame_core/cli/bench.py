@@ -85,8 +85,8 @@ def add_parser(
     bench.add_argument(
         "--against",
         metavar="URL",
-        help="also send the HTTP workloads (decode, streams) to this OpenAI-compatible "
-        "server and to Reame's, alternating",
+        help="also send the HTTP workloads (decode, streams, trace) to this "
+        "OpenAI-compatible server and to Reame's, alternating",
     )
     bench.add_argument("--against-key", metavar="KEY", help="bearer key for --against's server")
     bench.add_argument("--threads", type=int, help="CPU threads (default: the host plan's)")

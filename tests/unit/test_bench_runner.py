@@ -83,6 +83,13 @@ def test_a_row_keeps_the_baseline_figure_and_its_unit() -> None:
     assert (row.baseline_value, row.unit, row.ratio) == (2.0, "s", pytest.approx(8.0))
 
 
+def test_a_row_keeps_both_arms_accounts_of_the_last_repetition() -> None:
+    figures = {("A", 0): 2.0, ("B", 0): 1.0, ("A", 1): 2.0, ("B", 1): 1.0}
+    row = run_workload(RATE, 2, Scripted(figures))
+    assert row.detail == {"rep": 1, "arm": "A"}
+    assert row.baseline_detail == {"rep": 1, "arm": "B"}
+
+
 def test_a_feature_that_did_not_pay_is_kept_and_marked() -> None:
     figures = {("A", 0): 90.0, ("B", 0): 100.0}
     row = run_workload(RATE, 1, Scripted(figures))
