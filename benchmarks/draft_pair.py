@@ -37,17 +37,6 @@ MODELS = Path.home() / ".cache/reame/models"
 TARGET = MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 DRAFT = MODELS / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 
-CODE = (
-    "def merge_sorted(left: list[int], right: list[int]) -> list[int]:\n"
-    '    """Merge two sorted lists into one sorted list."""\n',
-    "class LRUCache:\n"
-    '    """A least-recently-used cache with a fixed capacity."""\n\n'
-    "    def __init__(self, capacity: int) -> None:\n",
-    "def parse_duration(text: str) -> int:\n"
-    '    """Parse durations like "1h30m" or "45s" into a number of seconds."""\n',
-    "def binary_search(items: list[int], target: int) -> int:\n"
-    '    """Return the index of target in the sorted list items, or -1."""\n',
-)
 PROSE = (
     "Explain how a hash table handles collisions.",
     "Describe what happens when you type a URL into a browser and press enter.",
@@ -84,7 +73,7 @@ def child(
             params = greedy
             prompts = [
                 backend.tokenize(text, add_special=True, parse_special=False)
-                for text in CODE[:count]
+                for text in texts.CODE[:count]
             ]
         else:
             chats = {"rewrite": REWRITES, "prose": PROSE, "adversarial": texts.ADVERSARIAL}

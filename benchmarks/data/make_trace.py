@@ -1,4 +1,6 @@
-"""Writes trace.jsonl, the day of requests benchmarks/trace.py replays against a server.
+"""Writes reame_core/bench/data/trace.jsonl, the day of requests that `reame bench`'s
+`trace` workload and benchmarks/trace.py replay against a server (it ships inside the
+package, so an installed `reame bench` has it).
 
 One office's traffic to one model, in four kinds:
   extract  clients of a back office sending documents for extraction into one JSON schema
@@ -33,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from extraction import DOCUMENTS, INSTRUCTIONS, SYSTEM, response_format
 
-TRACE = Path(__file__).with_name("trace.jsonl")
+TRACE = Path(__file__).resolve().parents[2] / "reame_core" / "bench" / "data" / "trace.jsonl"
 SEED = 2612
 EXTRACT_CLIENTS = ("billing", "helpdesk", "logistics")
 EXTRACTS_PER_CLIENT = 5

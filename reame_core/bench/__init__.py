@@ -9,6 +9,10 @@ host, model and version it was measured on. The research scripts in the reposito
     texts.py      the prompts the workloads send
     trial.py      one measurement's description and result, as they cross processes
     arms.py       the measured code of each workload, run inside a trial's process
+    trace.py      the realistic workload: the shipped trace (data/), its slices, its figures
+    replay.py     the trace sent to a server on its own clock
+    schema_check.py  whether a structured answer follows its JSON schema
+    pairs.py      the draft model a benchmarked model pairs with, or why it has none
     child.py      the process a trial runs in, and the parent's side of it
     runner.py     the alternation of A and B, and the rows made of their samples
     stats.py      medians and ratios

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
@@ -171,6 +171,15 @@ def http_sample(workload: Workload, server: Server, *, quick: bool) -> Sample:
 
 def http_workload(workload: Workload, other: str) -> Workload:
     """The HTTP version of `workload`: Reame's server (A) against `other` (B)."""
+    if workload.name == "trace":  # HTTP already: only the baseline changes
+        return replace(
+            workload,
+            name="trace@http",
+            title=f"{workload.title}; Reame against another server",
+            feature="reame serve defaults, a fresh process with empty caches each replay",
+            baseline=f"{other}, the same replay",
+            goal=1.0,
+        )
     count = workload.full.requests
     streams = "one stream" if count == 1 else f"{count} streams"
     return replace(
@@ -207,14 +216,23 @@ def free_port() -> int:
 
 
 @contextmanager
-def reame_server(model: str, *flags: str, ready_within: float = 300) -> Iterator[Server]:
-    """`reame serve MODEL` on a free port, speculation off (the comparison is of serving;
-    other servers do not speculate unless told); stopped at the end."""
+def reame_server(
+    model: str,
+    *flags: str,
+    env: Mapping[str, str] | None = None,
+    ready_within: float = 300,
+) -> Iterator[Server]:
+    """`reame serve MODEL FLAGS` on a free port, with `env` added to this process's
+    environment; stopped at the end."""
     port = free_port()
     argv = [sys.executable, "-m", "reame_core.cli.main", "serve", model, "--port", str(port),
-            "--speculate", "off", "--log-level", "warning", *flags]  # fmt: skip
+            "--log-level", "warning", *flags]  # fmt: skip
     process = subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(os.environ)
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
     )
     server = Server(f"http://127.0.0.1:{port}")
     try:

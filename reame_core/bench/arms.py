@@ -2,8 +2,9 @@
 
 A `Lab` starts what an arm measures exactly as `reame serve` would start it (settings, host
 plan, build check, plugins by entry point), registering only the plugins the arm needs so
-that nothing else drafts, archives or caches behind the figure. Tests give the lab a fake
-backend and plugin instances instead; the arms do not know the difference.
+that nothing else drafts, archives or caches behind the figure; an arm that measures the
+server itself starts `reame serve` as a process. Tests give the lab a fake backend, plugin
+instances, a server and a token count instead; the arms do not know the difference.
 
 Rates are generated tokens per second of decoding, from the engine's own accounting
 (prompt time excluded) unless a docstring says otherwise.
@@ -16,12 +17,16 @@ import json
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
 from reame_core.backend.base import Backend, Batch
 from reame_core.bench import texts
+from reame_core.bench.against import Server, reame_server
+from reame_core.bench.replay import replay_sample
+from reame_core.bench.trace import BENCH_PACE, Count, token_counter, trace_for
 from reame_core.bench.trial import Sample, Trial
 from reame_core.bench.workloads import BEST_OF
 from reame_core.chat import encode_chat
@@ -41,9 +46,14 @@ def installed_plugin(name: str) -> object:
     raise LookupError(f"no installed plugin named {name!r}")
 
 
+# Starts a server with these flags and this environment added; yields it while it runs.
+Serve = Callable[[Sequence[str], Mapping[str, str]], AbstractContextManager[Server]]
+
+
 class Lab:
-    """Starts runtimes and backends for one trial. `backend` replaces loading the model (a
-    fresh one per call); `plugin` finds a plugin object by name."""
+    """Starts runtimes, backends and servers for one trial. `backend` replaces loading the
+    model (a fresh one per call); `plugin` finds a plugin object by name; `serve` replaces
+    `reame serve` of the trial's model; `counter` the model's tokenizer."""
 
     def __init__(
         self,
@@ -51,10 +61,25 @@ class Lab:
         *,
         backend: Callable[[], Backend] | None = None,
         plugin: Callable[[str], object] = installed_plugin,
+        serve: Serve | None = None,
+        counter: Callable[[], AbstractContextManager[Count]] | None = None,
     ) -> None:
         self.trial = trial
         self._backend = backend
         self._plugin = plugin
+        self._serve = serve
+        self._counter = counter
+
+    def serve(self, flags: Sequence[str], env: Mapping[str, str]) -> AbstractContextManager[Server]:
+        if self._serve is not None:
+            return self._serve(flags, env)
+        threads = ["--threads", str(self.trial.threads)] if self.trial.threads else []
+        return reame_server(self.trial.model, *threads, *flags, env=env)
+
+    def counter(self) -> AbstractContextManager[Count]:
+        if self._counter is not None:
+            return self._counter()
+        return token_counter(self.trial.model)
 
     def settings(self, speculate: Speculate = "off", **overrides: Any) -> Settings:
         return Settings(
@@ -71,12 +96,15 @@ class Lab:
         speculate: Speculate = "off",
         plugins: Mapping[str, dict[str, Any]] | None = None,
         parallel: int | None = None,
+        draft_model: str | None = None,
     ) -> Runtime:
         """A runtime with the built-in plugins and `plugins` (name: settings section)."""
         host = PluginHost(discover=False)
         for name in plugins or {}:
             host.register(self._plugin(name), name)
-        settings = self.settings(speculate, plugins=dict(plugins or {}), parallel=parallel)
+        settings = self.settings(
+            speculate, plugins=dict(plugins or {}), parallel=parallel, draft_model=draft_model
+        )
         backend = self._backend() if self._backend is not None else None
         return start_runtime(settings, backend=backend, plugins=host)
 
@@ -386,6 +414,54 @@ def adversarial(lab: Lab) -> Sample:
         runtime.close()
 
 
+def draftmodel(lab: Lab) -> Sample:
+    """Code completions and rewrites, greedy, alternating: A drafts with the draft model
+    the trial names (speculation auto, so prompt lookup may draft too, as by default), B
+    does not draft."""
+    size = lab.trial.size
+    if lab.trial.arm == "A":
+        if lab.trial.draft is None:
+            raise RuntimeError("the draftmodel workload was given no draft model")
+        runtime = lab.start(speculate="auto", draft_model=lab.trial.draft)
+    else:
+        runtime = lab.start()
+    try:
+        params = SamplingParams(max_tokens=size.tokens)
+        requests = []
+        for i in range(size.requests):
+            if i % 2 == 0:
+                code = texts.CODE[i // 2 % len(texts.CODE)]
+                prompt = runtime.backend.tokenize(code, add_special=True, parse_special=False)
+            else:
+                prompt = _chat(runtime, texts.REWRITES[i // 2 % len(texts.REWRITES)])
+            requests.append(GenerationRequest(prompt, params))
+        return _sequential(runtime, requests, greedy=True)
+    finally:
+        runtime.close()
+
+
+def trace(lab: Lab) -> Sample:
+    """The trace (a slice of it, `trace.trace_for`) replayed against a fresh `reame serve`
+    of the model, arrivals at `trace.BENCH_PACE`, every answer streamed, greedy. A: the
+    server's defaults with speculation auto, the disk prefix cache and the archive in
+    directories of their own, empty at first (as on a new install). B: speculation off,
+    the disk cache and the archive disabled; Il Suggeritore answers the schema in both."""
+    size = lab.trial.size
+    if lab.trial.arm == "A":
+        flags = ["--speculate", "auto"]
+        env = {
+            "REAME_PLUGINS__DISKKV__DIR": lab.scratch("A-kv"),
+            "REAME_PLUGINS__PALIMPSEST__DIR": lab.scratch("A-palimpsest"),
+        }
+    else:
+        flags = ["--speculate", "off", "--disable-plugin", "diskkv"]
+        flags += ["--disable-plugin", "palimpsest"]
+        env = {}
+    requests = trace_for(size.requests, size.tokens)
+    with lab.counter() as count, lab.serve(flags, env) as server:
+        return replay_sample(server, requests, BENCH_PACE, count, compare=True)
+
+
 ARMS: Mapping[str, Callable[[Lab], Sample]] = {
     "decode": decode,
     "streams": streams,
@@ -395,6 +471,8 @@ ARMS: Mapping[str, Callable[[Lab], Sample]] = {
     "conclave": conclave,
     "grammar": grammar,
     "adversarial": adversarial,
+    "draftmodel": draftmodel,
+    "trace": trace,
 }
 
 
@@ -403,6 +481,9 @@ def run_trial(
     *,
     backend: Callable[[], Backend] | None = None,
     plugin: Callable[[str], object] = installed_plugin,
+    serve: Serve | None = None,
+    counter: Callable[[], AbstractContextManager[Count]] | None = None,
 ) -> Sample:
     """Run `trial` in this process."""
-    return ARMS[trial.workload](Lab(trial, backend=backend, plugin=plugin))
+    lab = Lab(trial, backend=backend, plugin=plugin, serve=serve, counter=counter)
+    return ARMS[trial.workload](lab)

@@ -19,6 +19,7 @@ class Row:
     `ratio` is the median of the repetitions' speed-ups (`stats.speedup`); `feature_value`
     and `baseline_value` are the medians of the arms' own figures, in `unit`. `identical`
     says in how many repetitions a greedy feature generated the baseline's tokens.
+    `detail` and `baseline_detail` are the last repetition's own accounts of A and of B.
     """
 
     workload: str
@@ -38,6 +39,7 @@ class Row:
     skipped: str | None = None
     failed: str | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+    baseline_detail: dict[str, Any] = field(default_factory=dict)
 
     @property
     def paid(self) -> bool | None:

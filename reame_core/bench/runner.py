@@ -71,6 +71,7 @@ def row_from_samples(
         baseline_value=median([s.value for s in baseline]),
         identical=f"{sum(compared)} of {len(compared)}" if compared else None,
         detail=dict(feature[-1].detail),
+        baseline_detail=dict(baseline[-1].detail),
     )
 
 
@@ -102,13 +103,19 @@ def run_workload(
 
 
 def trial_measure(
-    run: Callable[[Trial], Sample], *, model: str, quick: bool, threads: int | None
+    run: Callable[[Trial], Sample],
+    *,
+    model: str,
+    quick: bool,
+    threads: int | None,
+    draft: str | None = None,
 ) -> Measure:
     """A `Measure` that describes each measurement as a `Trial` and hands it to `run`
     (`child.measure_in_child`, or `arms.run_trial` in this process)."""
 
     def measure(workload: Workload, arm: Arm, rep: int, scratch: str) -> Sample:
         size = workload.size(quick)
-        return run(Trial(workload.name, arm, rep, size, model, scratch, threads))
+        given = draft if workload.needs_draft_model else None
+        return run(Trial(workload.name, arm, rep, size, model, scratch, threads, given))
 
     return measure

@@ -32,6 +32,20 @@ REWRITES = (
     "rubber sole. Price 89 euros. Ships in 2 days.",
 )
 
+# Raw code completion: the start of a Python function, continued by the model (what a
+# same-vocabulary draft model guesses well).
+CODE = (
+    "def merge_sorted(left: list[int], right: list[int]) -> list[int]:\n"
+    '    """Merge two sorted lists into one sorted list."""\n',
+    "class LRUCache:\n"
+    '    """A least-recently-used cache with a fixed capacity."""\n\n'
+    "    def __init__(self, capacity: int) -> None:\n",
+    "def parse_duration(text: str) -> int:\n"
+    '    """Parse durations like "1h30m" or "45s" into a number of seconds."""\n',
+    "def binary_search(items: list[int], target: int) -> int:\n"
+    '    """Return the index of target in the sorted list items, or -1."""\n',
+)
+
 # Sampled at temperature 1.0: words and digits recur, so drafts are proposed, but what
 # followed them before rarely follows again.
 ADVERSARIAL = (

@@ -18,6 +18,7 @@ class Trial:
 
     `model` is a resolved .gguf path (or a name the child resolves), `scratch` a directory
     the arms of one repetition share (a disk cache, an archive) and nothing else sees.
+    `draft` is the draft model's file, for a workload that needs one.
     """
 
     workload: str
@@ -27,6 +28,7 @@ class Trial:
     model: str
     scratch: str
     threads: int | None = None
+    draft: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

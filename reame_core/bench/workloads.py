@@ -36,7 +36,8 @@ class Workload:
     is skipped with that reason. `baseline_first`: B runs before A in every repetition,
     because A reads what B left behind (a disk cache, an archive); otherwise the order
     alternates between repetitions. `http`: the workload also runs against another server
-    (`--against`).
+    (`--against`). `needs_draft_model`: arm A loads the model's same-vocabulary draft
+    model, so the row is skipped when the model has none on this machine.
     """
 
     name: str
@@ -52,12 +53,18 @@ class Workload:
     plugins: tuple[str, ...] = ()
     baseline_first: bool = False
     http: bool = False
+    needs_draft_model: bool = False
 
     def size(self, quick: bool) -> Size:
         return self.quick if quick else self.full
 
-    def skip_reason(self, records: Mapping[str, PluginRecord]) -> str | None:
-        """Why this workload cannot run with these plugins, or None if it can."""
+    def skip_reason(
+        self, records: Mapping[str, PluginRecord], *, no_draft_model: str | None = None
+    ) -> str | None:
+        """Why this workload cannot run with these plugins, or with no draft model for the
+        model (`no_draft_model` says why there is none), or None if it can."""
+        if self.needs_draft_model and no_draft_model is not None:
+            return no_draft_model
         for name in self.plugins:
             record = records.get(name)
             if record is None:
@@ -160,6 +167,31 @@ WORKLOADS: tuple[Workload, ...] = (
         quick=Size(2, 96),
         full=Size(4, 160),
         goal=0.97,
+    ),
+    Workload(
+        "draftmodel",
+        "code completion and rewrites: a smaller model of the same vocabulary drafts",
+        feature="speculation auto with --draft-model (the model's same-vocabulary partner)",
+        baseline="speculation off",
+        unit="tok/s",
+        higher_is_better=True,
+        quick=Size(2, 64),
+        full=Size(4, 128),
+        needs_draft_model=True,
+    ),
+    Workload(
+        "trace",
+        "a day of an office's requests replayed over HTTP: extraction into a JSON schema "
+        "behind a long system prompt, chats, rewrites, nightly reruns",
+        feature="reame serve defaults: disk cache and archive (empty at first), speculation auto",
+        baseline="reame serve, speculation off, disk cache and archive disabled",
+        unit="useful tok/s",
+        higher_is_better=True,
+        # requests of the trace (a slice of it below its 38), most tokens an answer may take
+        quick=Size(9, 400),
+        full=Size(38, 400),
+        plugins=("diskkv", "palimpsest", "suggeritore"),
+        http=True,
     ),
 )
 

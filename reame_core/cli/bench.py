@@ -37,8 +37,11 @@ from reame_core.bench.against import (
 )
 from reame_core.bench.child import measure_in_child
 from reame_core.bench.host import host_facts, model_facts, today, versions
+from reame_core.bench.pairs import draft_for
+from reame_core.bench.replay import against_measure
 from reame_core.bench.report import Report, Row
 from reame_core.bench.runner import Measure, blank_row, run_workload, trial_measure
+from reame_core.bench.trace import Count, token_counter
 from reame_core.bench.trial import Sample, Trial
 from reame_core.bench.workloads import BY_NAME, QUICK, WORKLOADS, Arm, Workload
 from reame_core.errors import ReameError
@@ -82,8 +85,8 @@ def add_parser(
     bench.add_argument(
         "--against",
         metavar="URL",
-        help="also send the HTTP workloads (decode, streams) to this OpenAI-compatible "
-        "server and to Reame's, alternating",
+        help="also send the HTTP workloads (decode, streams, trace) to this "
+        "OpenAI-compatible server and to Reame's, alternating",
     )
     bench.add_argument("--against-key", metavar="KEY", help="bearer key for --against's server")
     bench.add_argument("--threads", type=int, help="CPU threads (default: the host plan's)")
@@ -123,7 +126,7 @@ def bench_command(
     if reps < 1:
         raise BenchUsageError("--reps must be at least 1")
     records = {record.name: record for record in PluginHost(settings.disable_plugins).records()}
-    model_path, model = _model(settings, check_build=run_trial is None)
+    model_path, model, (draft, no_draft) = _model(settings, check_build=run_trial is None)
     threads = args.threads or settings.threads
 
     measure = trial_measure(
@@ -131,20 +134,22 @@ def bench_command(
         model=model_path,
         quick=args.quick,
         threads=threads,
+        draft=draft,
     )
-    planned = [w for w in workloads if w.skip_reason(records) is None]
-    http = [w for w in workloads if w.http] if args.against else []
+    reasons = {w.name: w.skip_reason(records, no_draft_model=no_draft) for w in workloads}
+    planned = [w for w in workloads if reasons[w.name] is None]
+    http = [w for w in planned if w.http] if args.against else []
     total = 2 * reps * (len(planned) + len(http))
     rows: list[Row] = []
     with TrialProgress(console, total) as advance:
         for workload in workloads:
-            reason = workload.skip_reason(records)
+            reason = reasons[workload.name]
             if reason is not None:
                 rows.append(_skipped(workload, reason))
                 continue
             rows.append(run_workload(workload, reps, measure, on_trial=advance))
         if http:
-            rows.extend(_against(args, model_path, http, reps, advance))
+            rows.extend(_against(args, model_path, http, reps, advance, measure))
     report = Report(
         rows=tuple(rows),
         host=host_facts(settings.cache_path),
@@ -168,18 +173,26 @@ def bench_command(
     return 1 if any(row.failed for row in rows) else 0
 
 
-def _model(settings: Settings, *, check_build: bool) -> tuple[str, dict[str, Any]]:
+def _model(
+    settings: Settings, *, check_build: bool
+) -> tuple[str, dict[str, Any], tuple[str | None, str | None]]:
     """The model file (resolved, downloaded if need be, once here rather than in every
-    trial); the build check runs here too, so that trials find its verdict cached."""
+    trial), its facts, and its draft model's file or why it has none (`pairs.draft_for`);
+    the build check runs here too, so that trials find its verdict cached."""
     from reame_core.models import ModelStore
+    from reame_core.models.names import parse_model_name
 
-    resolved = ModelStore.in_cache_dir(settings.cache_path).resolve(settings.model)
+    store = ModelStore.in_cache_dir(settings.cache_path)
+    resolved = store.resolve(settings.model)
     if check_build:
         from reame_core.backend.probe import ensure_build_runs
 
         ensure_build_runs(settings)
     quant = resolved.card.quant if resolved.card is not None else None
-    return str(resolved.path), model_facts(resolved.name, resolved.path, quant)
+    draft = draft_for(
+        resolved.name, resolved.path, lambda alias: store.locate(parse_model_name(alias))
+    )
+    return str(resolved.path), model_facts(resolved.name, resolved.path, quant), draft
 
 
 def _skipped(workload: Workload, reason: str) -> Row:
@@ -194,13 +207,24 @@ def _against(
     workloads: Sequence[Workload],
     reps: int,
     advance: Callable[[Workload, Arm, int], None],
+    trace_feature: Measure,
 ) -> list[Row]:
     other = with_model(Server(normalized(args.against), api_key=args.against_key))
-    # The comparison is of serving: no archive or disk cache of the user's is touched.
-    flags = ["--disable-plugin", "palimpsest", "--disable-plugin", "diskkv"]
+    # The comparison is of serving (other servers do not speculate unless told): no archive
+    # or disk cache of the user's is touched. The trace's Reame is its own (`trace_feature`).
+    flags = ["--speculate", "off", "--disable-plugin", "palimpsest", "--disable-plugin", "diskkv"]
     flags += ["--threads", str(args.threads)] if args.threads else []
-    with reame_server(model_path, *flags) as reame:
-        return against_rows(reame, other, workloads, reps, quick=args.quick, advance=advance)
+    with reame_server(model_path, *flags) as reame, token_counter(model_path) as count:
+        return against_rows(
+            reame,
+            other,
+            workloads,
+            reps,
+            quick=args.quick,
+            advance=advance,
+            trace_feature=trace_feature,
+            count=count,
+        )
 
 
 def against_rows(
@@ -211,15 +235,26 @@ def against_rows(
     *,
     quick: bool,
     advance: Callable[[Workload, Arm, int], None] | None = None,
+    trace_feature: Measure | None = None,
+    count: Count | None = None,
 ) -> list[Row]:
-    """The HTTP rows: each workload on Reame's server (A) and the other one (B)."""
+    """The HTTP rows: each workload on Reame's server (A) and the other one (B). The trace's
+    arm A is `trace_feature` (the trace row's own: a fresh server for each replay), and
+    its answers are counted in tokens by `count`."""
     warm_up(reame)
     warm_up(other)
     measure: Measure = http_measure(reame, other, quick=quick)
-    return [
-        run_workload(http_workload(w, other.url), reps, measure, server=other.url, on_trial=advance)
-        for w in workloads
-    ]
+    rows = []
+    for workload in workloads:
+        if workload.name == "trace":
+            if trace_feature is None or count is None:
+                raise ValueError("the trace over HTTP needs its feature arm and a token count")
+            each = against_measure(trace_feature, workload, other, quick=quick, count=count)
+        else:
+            each = measure
+        http = http_workload(workload, other.url)
+        rows.append(run_workload(http, reps, each, server=other.url, on_trial=advance))
+    return rows
 
 
 class TrialProgress:

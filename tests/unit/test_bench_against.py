@@ -15,7 +15,9 @@ from openai_stub import StubOpenAI
 
 from reame_core.backend.fake import FakeBackend
 from reame_core.bench.against import Server, normalized, stream_completion, with_model
-from reame_core.bench.workloads import BY_NAME
+from reame_core.bench.trace import trace_for
+from reame_core.bench.trial import Sample
+from reame_core.bench.workloads import BY_NAME, Arm, Workload
 from reame_core.cli.bench import against_rows
 from reame_core.plugins import PluginHost
 from reame_core.runtime import start_runtime
@@ -111,3 +113,33 @@ def test_against_rows_compare_reame_with_the_other_server_in_both_http_workloads
     assert sorted(b["max_tokens"] for b in stub.bodies[1:]) == sorted(
         [decode.tokens] * 2 * decode.requests + [streams.tokens] * 2 * streams.requests
     )
+
+
+def test_the_trace_over_http_replays_on_a_fresh_reame_and_on_the_other_server() -> None:
+    trace = BY_NAME["trace"]
+    stub = StubOpenAI(answer=lambda body: "one two three")
+    features: list[tuple[str, Arm, int]] = []
+
+    def fresh_reame(workload: Workload, arm: Arm, rep: int, scratch: str) -> Sample:
+        features.append((workload.name, arm, rep))
+        return Sample(10.0, 30, 3.0, "digest")
+
+    with stub.serving() as other_url, reame_on_fake_backend() as reame_url:
+        other = with_model(Server(normalized(other_url)))
+        (row,) = against_rows(
+            Server(reame_url),
+            other,
+            [trace],
+            2,
+            quick=True,
+            trace_feature=fresh_reame,
+            count=lambda text: len(text.split()),
+        )
+    assert row.failed is None, row.failed
+    assert row.workload == "trace@http" and row.server == other.url
+    assert features == [("trace", "A", 0), ("trace", "A", 1)]
+    replayed = len(trace_for(trace.quick.requests, trace.quick.tokens))
+    chats = [body for body in stub.bodies if "messages" in body]
+    assert len(chats) == 2 * (1 + replayed)  # a warm-up, then the trace, each repetition
+    assert row.baseline_value is not None and row.baseline_value > 0
+    assert row.identical is None  # another server's answers are not Reame's

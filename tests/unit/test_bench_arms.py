@@ -13,6 +13,7 @@ from reame_core.backend.fake import FakeBackend
 from reame_core.bench.arms import run_trial
 from reame_core.bench.trial import Sample, Trial
 from reame_core.bench.workloads import BY_NAME, Arm
+from reame_core.errors import ModelLoadError
 
 
 def fake_backend() -> FakeBackend:
@@ -100,3 +101,18 @@ def test_grammar_drafts_keep_the_constrained_answer(tmp_path: Path) -> None:
     assert baseline.detail["drafts_proposed"] == 0
     assert feature.detail["drafts_accepted"] > 0
     assert feature.outputs == baseline.outputs
+
+
+def test_only_the_feature_arm_drafts_with_the_draft_model_it_is_given(tmp_path: Path) -> None:
+    baseline = run("draftmodel", "B", tmp_path)
+    assert baseline.detail["drafts_proposed"] == 0
+    size = BY_NAME["draftmodel"].quick
+    missing = tmp_path / "draft.gguf"
+    trial = Trial("draftmodel", "A", 0, size, "fake", str(tmp_path), draft=str(missing))
+    with pytest.raises(ModelLoadError, match=r"draft\.gguf"):
+        run_trial(trial, backend=fake_backend, plugin=fresh_plugins())
+
+
+def test_the_feature_arm_refuses_to_run_without_a_draft_model(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="no draft model"):
+        run("draftmodel", "A", tmp_path)

@@ -1,6 +1,6 @@
 """`reame bench`'s harness: the alternation of A and B, the statistics of a row, skip
-reasons. Measurements here are plain functions returning chosen figures, so every number a
-row shows can be checked exactly."""
+reasons (a plugin missing, a model without a draft model). Measurements here are plain
+functions returning chosen figures, so every number a row shows can be checked exactly."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from reame_core.bench.runner import alternation, run_workload
+from reame_core.bench.pairs import draft_for
+from reame_core.bench.runner import alternation, run_workload, trial_measure
 from reame_core.bench.stats import paired_speedups, speedup
 from reame_core.bench.trial import Sample, Trial
 from reame_core.bench.workloads import BY_NAME, WORKLOADS, Arm, Size, Workload
@@ -80,6 +81,13 @@ def test_a_row_keeps_the_baseline_figure_and_its_unit() -> None:
     figures = {("A", 0): 0.25, ("B", 0): 2.0}
     row = run_workload(TIME, 1, Scripted(figures))
     assert (row.baseline_value, row.unit, row.ratio) == (2.0, "s", pytest.approx(8.0))
+
+
+def test_a_row_keeps_both_arms_accounts_of_the_last_repetition() -> None:
+    figures = {("A", 0): 2.0, ("B", 0): 1.0, ("A", 1): 2.0, ("B", 1): 1.0}
+    row = run_workload(RATE, 2, Scripted(figures))
+    assert row.detail == {"rep": 1, "arm": "A"}
+    assert row.baseline_detail == {"rep": 1, "arm": "B"}
 
 
 def test_a_feature_that_did_not_pay_is_kept_and_marked() -> None:
@@ -160,6 +168,63 @@ def test_a_workload_with_its_plugins_enabled_runs() -> None:
     assert BY_NAME["decode"].skip_reason({}) is None
 
 
+CODER = Path("/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
+CODER_DRAFT = Path("/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+
+
+def test_a_model_with_a_fetched_draft_model_gets_its_file() -> None:
+    located: list[str] = []
+
+    def locate(alias: str) -> Path:
+        located.append(alias)
+        return CODER_DRAFT
+
+    assert draft_for("qwen2.5-coder-1.5b", CODER, locate) == (str(CODER_DRAFT), None)
+    assert located == ["qwen2.5-coder-0.5b"]
+
+
+def test_a_model_given_as_a_file_is_known_by_its_files_name() -> None:
+    assert draft_for(str(CODER), CODER, lambda alias: CODER_DRAFT) == (str(CODER_DRAFT), None)
+
+
+def test_a_model_without_a_draft_pair_skips_the_draft_workload_and_says_which_has_one() -> None:
+    draft, reason = draft_for("smollm2-135m", Path("/m/SmolLM2.gguf"), lambda alias: CODER_DRAFT)
+    assert draft is None
+    assert reason == (
+        "smollm2-135m has no same-vocabulary draft model "
+        "(qwen2.5-coder-1.5b has one, qwen2.5-coder-0.5b)"
+    )
+    assert BY_NAME["draftmodel"].skip_reason({}, no_draft_model=reason) == reason
+
+
+def test_a_draft_model_not_fetched_skips_the_draft_workload_with_the_command_to_fetch_it() -> None:
+    draft, reason = draft_for("qwen2.5-coder-1.5b", CODER, lambda alias: None)
+    assert draft is None
+    assert reason == (
+        "its draft model qwen2.5-coder-0.5b is not on this machine (reame pull qwen2.5-coder-0.5b)"
+    )
+
+
+def test_only_the_draft_workload_needs_a_draft_model() -> None:
+    for workload in WORKLOADS:
+        if workload.name != "draftmodel" and not workload.plugins:
+            assert workload.skip_reason({}, no_draft_model="none here") is None
+    assert BY_NAME["draftmodel"].skip_reason({}) is None
+
+
+def test_the_draft_model_is_given_to_the_trials_that_need_it_only() -> None:
+    trials: list[Trial] = []
+
+    def run(trial: Trial) -> Sample:
+        trials.append(trial)
+        return Sample(1.0, 1, 1.0)
+
+    measure = trial_measure(run, model="/m.gguf", quick=True, threads=None, draft="/d.gguf")
+    measure(BY_NAME["draftmodel"], "A", 0, "/tmp/x")
+    measure(BY_NAME["lookup"], "A", 0, "/tmp/x")
+    assert [t.draft for t in trials] == ["/d.gguf", None]
+
+
 def test_every_workload_has_a_measured_arm_and_quick_is_no_larger_than_full() -> None:
     from reame_core.bench.arms import ARMS
 
@@ -170,7 +235,7 @@ def test_every_workload_has_a_measured_arm_and_quick_is_no_larger_than_full() ->
 
 
 def test_a_trial_crosses_the_process_boundary_unchanged() -> None:
-    trial = Trial("diskcache", "B", 2, Size(1, 8, shared_rules=32), "/m.gguf", "/tmp/x", 2)
+    trial = Trial("draftmodel", "B", 2, Size(1, 8, shared_rules=32), "/m.gguf", "/tmp/x", 2, "/d")
     assert Trial.from_json(trial.to_json()) == trial
     sample = Sample(1.5, 8, 2.0, "abc", {"restored_tokens": 12})
     assert Sample.from_json(sample.to_json()) == sample
