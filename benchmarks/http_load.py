@@ -1,7 +1,7 @@
 """HTTP load driver: concurrent streaming clients against `reame serve` (or any
 OpenAI-compatible server), reporting aggregate tok/s and time to first token p50/p95.
 
-With no --url it starts `reame serve` on the embedded model itself, then measures:
+With no --url it starts `reame serve` on the embedded model (or `--serve MODEL`), then measures:
   - serving overhead: one stream over HTTP (read by a plain blocking socket) vs the same
     request through the engine directly (goal >= 95%), alternating; the engine runs in its
     own process, built from the same settings as the server (deterministic or not, plugins
@@ -13,6 +13,7 @@ With --url it only drives that server.
     .venv/bin/python benchmarks/http_load.py [--tokens 128] [--reps 3]
     .venv/bin/python benchmarks/http_load.py --llama-server PATH  # both, alternating
     .venv/bin/python benchmarks/http_load.py --url http://127.0.0.1:8081 --label other
+    .venv/bin/python benchmarks/http_load.py --serve qwen2.5-coder-1.5b --llama-server PATH
 """
 
 from __future__ import annotations
@@ -100,7 +101,9 @@ def server_settings(threads: int, fast: bool) -> list[str]:
             "--speculate", "off", *(["--no-deterministic"] if fast else [])]  # fmt: skip
 
 
-def engine_child(prompt: str, tokens: int, threads: int, fast: bool) -> dict[str, float]:
+def engine_child(
+    prompt: str, tokens: int, threads: int, fast: bool, model: str | None
+) -> dict[str, float]:
     """One completion through the engine directly, with the server's settings and plugins:
     tokenized as /v1/completions tokenizes, timed from submission to the last token."""
     from reame_core.request import GenerationRequest, SamplingParams
@@ -109,7 +112,7 @@ def engine_child(prompt: str, tokens: int, threads: int, fast: bool) -> dict[str
 
     settings = Settings(
         parallel=8, ctx=1024, threads=threads, speculate="off", deterministic=not fast,
-        log_level="warning",
+        log_level="warning", **({"model": model} if model else {}),
     )  # fmt: skip
     runtime = start_runtime(settings)
 
@@ -149,7 +152,7 @@ async def load(url: str, streams: int, tokens: int, model: str | None) -> dict[s
     }
 
 
-def reame_server(threads: int, fast: bool) -> AbstractContextManager[str]:
+def reame_server(threads: int, fast: bool, model: str | None) -> AbstractContextManager[str]:
     """Speculation off: the comparison is of serving, and llama-server does not speculate
     by default. `fast`: llama.cpp's fastest settings instead of the deterministic ones."""
     from common import free_port, running_server
@@ -157,30 +160,35 @@ def reame_server(threads: int, fast: bool) -> AbstractContextManager[str]:
     port = free_port()
     reame = os.path.join(os.path.dirname(sys.executable), "reame")
     return running_server(
-        [reame, "serve", "--port", str(port), "--log-level", "warning",
-         *server_settings(threads, fast)],
+        [reame, "serve", *([model] if model else []), "--port", str(port),
+         "--log-level", "warning", *server_settings(threads, fast)],
         port,
     )  # fmt: skip
 
 
-def llama_server(binary: str, threads: int) -> AbstractContextManager[str]:
+def llama_server(binary: str, threads: int, model: str | None) -> AbstractContextManager[str]:
     """llama.cpp's own server on the same model, threads and slots (its default settings)."""
     import common
 
     from reame_core.models import resolve_model
 
-    return common.llama_server(binary, resolve_model(None).path, threads, slots=8, ctx=8192)
+    return common.llama_server(binary, resolve_model(model).path, threads, slots=8, ctx=8192)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--child", nargs=4, metavar=("PROMPT", "TOKENS", "THREADS", "FAST"))
+    parser.add_argument(
+        "--child", nargs=5, metavar=("PROMPT", "TOKENS", "THREADS", "FAST", "MODEL")
+    )
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--url", help="drive this server instead of starting reame serve")
     parser.add_argument("--model", help="model field to send (needed by some servers)")
     parser.add_argument("--label", default="reame")
+    parser.add_argument(
+        "--serve", help="model both servers run (alias or .gguf; default the embedded one)"
+    )
     parser.add_argument("--llama-server", help="llama.cpp's llama-server binary, to compare")
     parser.add_argument(
         "--no-deterministic", action="store_true", help="serve Reame with its fast settings"
@@ -194,8 +202,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.child:
-        prompt, tokens, threads, fast = args.child
-        print(json.dumps(engine_child(prompt, int(tokens), int(threads), fast == "fast")))
+        prompt, tokens, threads, fast, model = args.child
+        print(json.dumps(
+            engine_child(prompt, int(tokens), int(threads), fast == "fast", model or None)
+        ))  # fmt: skip
         return
     sys.path.insert(0, str(Path(__file__).parent))
     from common import measure, median_ratio, write_report
@@ -234,31 +244,34 @@ def main() -> None:
         http_seconds, engine_seconds = [], []
         fast = "fast" if args.no_deterministic else "deterministic"
         with contextlib.ExitStack() as stack:
-            url = stack.enter_context(reame_server(args.threads, args.no_deterministic))
+            url = stack.enter_context(reame_server(args.threads, args.no_deterministic, args.serve))
             one_stream_blocking(url, overhead_prompt(), 8)  # the server's first request
             for _ in range(args.reps):
                 http_seconds.append(one_stream_blocking(url, overhead_prompt(), args.tokens))
                 engine_seconds.append(
                     measure(__file__, overhead_prompt(), str(args.tokens), str(args.threads),
-                            fast)["seconds"]
+                            fast, args.serve or "")["seconds"]
                 )  # fmt: skip
             overhead = round(median_ratio(engine_seconds, http_seconds), 3)
             print(json.dumps({"http_vs_engine_one_stream": overhead}), flush=True)
             servers = {"reame": url}
             if args.llama_server:
                 servers["llama-server"] = stack.enter_context(
-                    llama_server(args.llama_server, args.threads)
+                    llama_server(args.llama_server, args.threads, args.serve)
                 )
             servers.update(name_url.split("=", 1) for name_url in args.compare)
             run_all(servers)
+    served = args.serve or "SmolLM2-135M"
     path = write_report(
-        f"http_load_{args.label}" + ("_fast" if args.no_deterministic else ""),
+        f"http_load_{args.label}"
+        + (f"_{args.serve}" if args.serve else "")
+        + ("_fast" if args.no_deterministic else ""),
         {
             "server": args.label,
             "url": args.url
             or "reame serve --speculate off"
             + (" --no-deterministic" if args.no_deterministic else "")
-            + " (embedded SmolLM2-135M, 8 slots, ctx 1024/slot)"
+            + f" ({served}, 8 slots, ctx 1024/slot)"
             + (", llama-server -np 8 -c 8192, same model" if args.llama_server else ""),
             "threads": args.threads,
             "tokens_per_stream": args.tokens,
