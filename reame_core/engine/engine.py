@@ -30,7 +30,7 @@ from reame_core.engine.sequence import RequestGroup
 from reame_core.engine.slots import KVSlots
 from reame_core.engine.stats import EngineStats
 from reame_core.errors import RequestError
-from reame_core.hooktypes import CandidatePlan
+from reame_core.hooktypes import CandidatePlan, DraftCost
 from reame_core.plugins import PluginHost
 from reame_core.request import (
     Event,
@@ -88,6 +88,7 @@ class Engine:
             mode=speculate,
             draft_max=draft_max,
             threads=backend.info.n_threads,
+            costs=self._draft_costs(list(draft_sources)),
         )
         self.stats = EngineStats()
         if cpu_share is None and adapt_threads:
@@ -112,6 +113,22 @@ class Engine:
         self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._stopping = False
+
+    def _draft_costs(self, sources: list[str]) -> dict[str, DraftCost]:
+        """What the draft sources say their calls cost before the first one
+        (`reame_draft_cost`). A plugin that fails to say is called to find out instead."""
+        costs = {}
+        for impl in self.hook.reame_draft_cost.get_hookimpls():
+            if impl.plugin_name not in sources:
+                continue
+            try:
+                cost = impl.function()
+            except Exception:
+                log.exception("draft source could not say its cost", source=impl.plugin_name)
+                continue
+            if cost is not None:
+                costs[impl.plugin_name] = cost
+        return costs
 
     # ------------------------------------------------------------ public API
 

@@ -6,7 +6,8 @@ It learns online what it needs:
   - the target's cost of a decode by its passes over the weights (`DecodeCost`), so
     "verify k drafts" is priced against "decode one token" for the batch at hand;
   - each source's cost of proposing (`ProposeCost`): drafting, and catching up on what the
-    sequence committed since the source last looked;
+    sequence committed since the source last looked; from its timed calls, and before the
+    first from the figure the source measured itself, if it gives one (`reame_draft_cost`);
   - each source's acceptance by draft position, over all requests and per request
     (`Acceptance`), from verified drafts and from drafts it scored without verifying them
     (`ShadowDraft`: a declined draft is checked against the tokens committed after it).
@@ -18,8 +19,12 @@ included, beat both plain decoding and what the sources asked before it already 
 otherwise only when a probe is due. Probes are paid from a budget (`PROBE_BUDGET` of the
 decode time); a new request gets its own, they come again as soon as the budget allows
 while the request's evidence is thin, and later and later once it shows the source does
-not pay there. Then, of the drafts in hand, the governor verifies the plan with the most
-expected tokens per second; the drafts it does not verify are scored in shadow.
+not pay there. No probe goes where the source could not pay even if every draft of it came
+true, its catch-up on what it has not read yet spread over the rest of the request: a draft
+model too slow next to verification on this host is never asked, and never made to read a
+prompt to show it (a source that did not give its cost is called once to learn it). Then,
+of the drafts in hand, the governor verifies the plan with the most expected tokens per
+second; the drafts it does not verify are scored in shadow.
 
 Modes: ``off`` never drafts; ``on`` verifies every proposal at full length (to measure
 what speculation costs); ``auto`` is the governor. A request may choose its own mode.
@@ -29,7 +34,7 @@ The governor decides; the engine calls the sources and verifies.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -42,7 +47,7 @@ from reame_core.engine.acceptance import (
 from reame_core.engine.decode_cost import DecodeCost
 from reame_core.engine.propose_cost import ProposeCost
 from reame_core.engine.sequence import Candidate as EngineSequence
-from reame_core.hooktypes import DraftProposal, DraftRequest
+from reame_core.hooktypes import DraftCost, DraftProposal, DraftRequest
 
 Mode = Literal["auto", "on", "off"]
 MODES: tuple[Mode, ...] = ("auto", "on", "off")
@@ -80,7 +85,7 @@ class SourceState:
     k: int = 0  # length of its last verified draft
     gain: float | None = None  # as of the last report
     enabled: bool = True  # its drafts pay over all requests (or nothing is known yet)
-    state: str = "new"  # new, drafting, watched (asked every step), probed
+    state: str = "new"  # new, drafting, watched (asked every step), probed, too dear, failed
     reason: str = "no drafts yet"
 
     @property
@@ -138,12 +143,16 @@ class Governor:
         mode: Mode = "auto",
         draft_max: int = 16,
         threads: int = 1,
+        costs: Mapping[str, DraftCost] | None = None,
     ) -> None:
         self.mode = mode
         self.draft_max = draft_max
         self.cost = DecodeCost()
         self._costs = {threads: self.cost}  # one curve per thread count (`threads_changed`)
         self.sources = {name: SourceState(name) for name in sources}
+        for name, cost in (costs or {}).items():  # what the sources measured themselves
+            if name in self.sources:
+                self.sources[name].cost.observe(cost.seconds, cost.drafted, cost.caught_up)
         self._split = passes
         self._split_cache: dict[tuple[tuple[int, int], ...], list[int]] = {}
         self._seqs: dict[int, _Request] = {}
@@ -257,6 +266,9 @@ class Governor:
                     merit = True
                     continue
             if state.credit < 0.0 or self._step < own.probe_at:
+                continue
+            if priced and not self._may_pay(seq, state, limit, behind[seq.key], weight):
+                own.probe_at = self._step + PROBE_EVERY  # costs change: looked at again then
                 continue
             # A probe, paid from the budget. Not where the cheaper sources' drafts would do
             # better than this one could even if all its drafts came true. While this
@@ -427,6 +439,23 @@ class Governor:
                 best_k, best = k, gain
         return best_k, best
 
+    def _may_pay(
+        self, seq: EngineSequence, state: SourceState, limit: int, behind: int, weight: float
+    ) -> bool:
+        """Whether the source's drafts could pay for `seq` at all: if every one of them came
+        true for the rest of the request, its reading of what it has not seen yet included,
+        spread over the tokens the request may still generate. Where they could not, a probe
+        would buy nothing but that reading."""
+        left = max(1, seq.params.max_tokens - len(seq.output))
+        cost = state.cost
+        reading = max(0.0, cost.predict(0, behind, weight) - cost.predict(0, 1, weight))
+
+        def propose(k: int) -> float:  # each step it reads the token committed after its draft
+            return cost.predict(k, 1, weight) + reading * (1 + k) / left
+
+        every_one_true = [float(j) for j in range(limit + 1)]
+        return self._best(every_one_true, limit, propose)[1] > 1.0
+
     def _drafting_seconds(self, k: int) -> float:
         """Predicted time of this step with one sequence verifying `k` drafts."""
         seconds = self._with_draft.get(k)
@@ -539,7 +568,8 @@ class Governor:
         if own is None:
             # A new request probes a source known to be dear once it has decoded a few
             # tokens: by then the cheaper sources' drafts show whether it is needed at all.
-            # One whose cost is not known yet is looked at at once.
+            # One whose cost is not known yet (it gave none, `reame_draft_cost`) is looked at
+            # at once.
             wait = PROBE_EVERY if self.sources[source].cost.known else 0
             own = request.sources[source] = _Own(probe_at=self._step + wait)
         return own
@@ -578,10 +608,11 @@ class Governor:
 
     # ---------------------------------------------------------- judging
 
-    def expected_gain(self, state: SourceState) -> float | None:
+    def expected_gain(self, state: SourceState, every_one_true: bool = False) -> float | None:
         """Best expected speed-up from this source over all requests, at the last step's
         number of decoding sequences (one of them drafting, or all of them, which may
-        share a pass), its propose time included. None before the plain step is priced."""
+        share a pass), its propose time included; with `every_one_true`, the speed-up if
+        all of its drafts came true. None before the plain step is priced."""
         n = self._decoding
         if not all(self.cost.covers(size) for size in self._passes([(i, 1) for i in range(n)])):
             return None
@@ -589,6 +620,8 @@ class Governor:
         weight = self.cost.prompt_share()
         best = 0.0
         expected = accepted_by_length(state.acceptance.rates(max(K_LADDER)))
+        if every_one_true:
+            expected = [float(j) for j in range(max(K_LADDER) + 1)]
         for k in K_LADDER:
             if k > self.draft_max:
                 break
@@ -607,9 +640,21 @@ class Governor:
         evidence = f"at acceptance {state.alpha:.2f} over {state.acceptance.drafts:.0f} drafts"
         base = self._step_seconds(drafting=0, k=0) if gain is not None else None
         cheap = base is not None and state.cost.typical() <= PROBE_BUDGET * base
-        if not state.acceptance.reached or gain is None:
+        best = None
+        if gain is not None and state.cost.known and not cheap:
+            best = self.expected_gain(state, every_one_true=True)
+        if gain is None:
             state.enabled, state.state = True, "new"
-            state.reason = "no drafts yet" if gain is not None else "decode cost not measured yet"
+            state.reason = "decode cost not measured yet"
+        elif best is not None and best <= 1.0:
+            state.enabled, state.state = False, "too dear"
+            state.reason = (
+                f"at most {best:.2f}x even if every draft came true, at "
+                f"{state.cost.typical() * 1000:.1f} ms a call: not asked"
+            )
+        elif not state.acceptance.reached:
+            state.enabled, state.state = True, "new"
+            state.reason = "no drafts yet"
         elif gain >= 1.0:
             state.enabled, state.state = True, "drafting"
             state.reason = f"expected gain {gain:.2f}x {evidence}"
