@@ -420,20 +420,24 @@ class Governor:
         expected: Sequence[float],
         limit: int,
         propose: Callable[[int], float] | None = None,
+        verify: Callable[[int], float] | None = None,
     ) -> tuple[int, float]:
         """The draft length (on the ladder, or `limit` itself) with the best speed-up for
         one sequence of this step, and that speed-up: expected tokens per second, `propose`
-        seconds included, over the plain step's. (0, 0.0) when nothing can be priced."""
+        seconds included, over the plain step's. The step verifying k drafts takes
+        `verify(k)` seconds (by default the cost curve's estimate). (0, 0.0) when nothing
+        can be priced."""
         base = self._base
         limit = min(limit, len(expected) - 1)
         if base is None or base <= 0 or limit <= 0:
             return 0, 0.0
+        verify = verify or self._drafting_seconds
         n = self._decoding
-        if (n + expected[limit]) / self._drafting_seconds(1) * base / n <= 1.0:
+        if (n + expected[limit]) / verify(1) * base / n <= 1.0:
             return 0, 0.0  # even all its tokens at the price of one would not pay
         best_k, best = 0, 0.0
         for k in (*(k for k in K_LADDER if k < limit), limit):
-            seconds = self._drafting_seconds(k) + (propose(k) if propose else 0.0)
+            seconds = verify(k) + (propose(k) if propose else 0.0)
             gain = (n + expected[k]) / seconds * base / n
             if gain > best:
                 best_k, best = k, gain
@@ -453,8 +457,12 @@ class Governor:
         def propose(k: int) -> float:  # each step it reads the token committed after its draft
             return cost.predict(k, 1, weight) + reading * (1 + k) / left
 
+        def verify(k: int) -> float:  # priced at most: a probe here is never a bargain
+            layout = [(i, 1 + k if i == 0 else 1) for i in range(self._decoding)]
+            return sum(self.cost.pass_seconds_at_most(n) for n in self._passes(layout))
+
         every_one_true = [float(j) for j in range(limit + 1)]
-        return self._best(every_one_true, limit, propose)[1] > 1.0
+        return self._best(every_one_true, limit, propose, verify)[1] > 1.0
 
     def _drafting_seconds(self, k: int) -> float:
         """Predicted time of this step with one sequence verifying `k` drafts."""
