@@ -458,8 +458,7 @@ class Governor:
             return cost.predict(k, 1, weight) + reading * (1 + k) / left
 
         def verify(k: int) -> float:  # priced at most: a probe here is never a bargain
-            layout = [(i, 1 + k if i == 0 else 1) for i in range(self._decoding)]
-            return sum(self.cost.pass_seconds_at_most(n) for n in self._passes(layout))
+            return self._step_seconds(1, k, at_most=True)
 
         every_one_true = [float(j) for j in range(limit + 1)]
         return self._best(every_one_true, limit, propose, verify)[1] > 1.0
@@ -619,8 +618,9 @@ class Governor:
     def expected_gain(self, state: SourceState, every_one_true: bool = False) -> float | None:
         """Best expected speed-up from this source over all requests, at the last step's
         number of decoding sequences (one of them drafting, or all of them, which may
-        share a pass), its propose time included; with `every_one_true`, the speed-up if
-        all of its drafts came true. None before the plain step is priced."""
+        share a pass), its propose time included; with `every_one_true`, the most it could
+        bring if all of its drafts came true (verification priced at most, as the probes'
+        gate prices it). None before the plain step is priced."""
         n = self._decoding
         if not all(self.cost.covers(size) for size in self._passes([(i, 1) for i in range(n)])):
             return None
@@ -635,7 +635,7 @@ class Governor:
                 break
             for drafting in {1, n}:
                 propose = state.cost.predict(k, drafting, weight)
-                seconds = self._step_seconds(drafting, k) + propose
+                seconds = self._step_seconds(drafting, k, at_most=every_one_true) + propose
                 tokens = n + drafting * expected[k]
                 best = max(best, (tokens / seconds) / (n / base))
         return best
@@ -680,13 +680,15 @@ class Governor:
                 "decode time"
             )
 
-    def _step_seconds(self, drafting: int, k: int) -> float:
+    def _step_seconds(self, drafting: int, k: int, at_most: bool = False) -> float:
         """Predicted time of a step of the last planned size in which the first `drafting`
-        sequences verify `k` draft tokens each."""
+        sequences verify `k` draft tokens each; with `at_most`, the most it may take as far
+        as the measurements show (`DecodeCost.pass_seconds_at_most`)."""
         n = self._decoding
-        return self.cost.seconds(
-            self._passes([(i, 1 + k if i < drafting else 1) for i in range(n)])
-        )
+        passes = self._passes([(i, 1 + k if i < drafting else 1) for i in range(n)])
+        if at_most:
+            return sum(self.cost.pass_seconds_at_most(size) for size in passes)
+        return self.cost.seconds(passes)
 
     # ---------------------------------------------------------- reporting
 
