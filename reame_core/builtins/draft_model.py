@@ -98,7 +98,7 @@ class DraftModel:
             raise
         self.backend = backend
         self._free = list(range(model.n_seq_max - 1, -1, -1))
-        self.cost = time_a_call(backend, self._free[-1])
+        self.cost = time_a_call(backend, self._free[-1], drafted=max(1, settings.draft_max))
         log.info(
             "draft model loaded",
             draft=draft.name,
@@ -258,19 +258,19 @@ def draft_model_name(settings: Settings) -> str | None:
     return card.draft
 
 
-def time_a_call(backend: LlamaBackend, seq_id: int, drafted: int = 4) -> DraftCost:
-    """What a call that reads one committed token and drafts `drafted` tokens costs: that
-    many one-token decodes, each row read as drafting reads it (median of twice as many, so
-    one slow decode on a shared host does not decide). A short text is decoded first,
-    untimed, in sequence `seq_id` (left empty afterwards): no later call pays a fresh
-    context's first decodes."""
+def time_a_call(backend: LlamaBackend, seq_id: int, drafted: int, timed: int = 8) -> DraftCost:
+    """What a call that reads one committed token and drafts `drafted` tokens (the longest
+    draft asked for: the one that could pay best) costs: that many one-token decodes, each
+    row read as drafting reads it, priced at the median of `timed` of them (one slow decode
+    on a shared host does not decide). A short text is decoded first, untimed, in sequence
+    `seq_id` (left empty afterwards): no later call pays a fresh context's first decodes."""
     tokens = backend.tokenize(WARM_UP_TEXT, add_special=False, parse_special=False)
     batch = Batch()
     for position, token in enumerate(tokens):
         batch.add(token, position, seq_id, position == len(tokens) - 1)
     token, _ = _argmax_with_confidence(np.array(backend.decode(batch)[0], copy=True))
     seconds = []
-    for position in range(len(tokens), len(tokens) + 2 * drafted):
+    for position in range(len(tokens), len(tokens) + timed):
         started = time.perf_counter()
         step = Batch()
         step.add(token, position, seq_id, True)
