@@ -198,7 +198,9 @@ def reame_draft_cost() -> DraftCost | None:
     """What a call to this plugin's ``reame_propose_drafts`` costs, if the plugin knows before
     its first call (a draft model times a few of its own decodes when it loads).
 
-    Called once, when the engine starts. The speculation governor prices the source with it
+    Called once, on the engine thread before its first step (time your decodes there: a
+    second thread decoding leaves idle OpenMP workers spinning). The governor prices the
+    source with it
     from the first step instead of calling it once to find out: a source whose drafts could
     not pay on this host even if every one came true is then never asked, and never made to
     read a prompt only to show that. Its timed calls replace the figure as they come. A

@@ -8,9 +8,9 @@ message. Drafts are the draft model's argmax, batched across sequences, one deco
 drafted position; a sequence stops drafting when the draft model is unsure of its guess.
 Proposals are deterministic (q one-hot), which keeps speculative sampling exact too.
 
-When it loads, it times a few of its own decodes and gives the governor what a call costs
-(`reame_draft_cost`), so that on a host where it is too slow next to verification it is
-never asked, not even once to read a prompt and show it.
+Before the engine's first step it times a few of its own decodes, on the engine thread, and
+gives the governor what a call costs (`reame_draft_cost`), so that on a host where it is
+too slow next to verification it is never asked, not even once to read a prompt and show it.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ class DraftModel:
         self.settings = DraftModelSettings.model_validate({})
         self.backend: LlamaBackend | None = None
         self.cost: DraftCost | None = None
+        self._longest = 16  # the longest draft it may be asked for (`draft_max`)
         self._mirrors: dict[int, _Mirror] = {}
         self._free: list[int] = []
 
@@ -98,16 +99,19 @@ class DraftModel:
             raise
         self.backend = backend
         self._free = list(range(model.n_seq_max - 1, -1, -1))
-        self.cost = time_a_call(backend, self._free[-1], drafted=max(1, settings.draft_max))
-        log.info(
-            "draft model loaded",
-            draft=draft.name,
-            target=model.name,
-            ms_per_drafted_token=round(self.cost.seconds / self.cost.drafted * 1000, 2),
-        )
+        self._longest = max(1, settings.draft_max)
+        log.info("draft model loaded", draft=draft.name, target=model.name)
 
     @hookimpl
     def reame_draft_cost(self) -> DraftCost | None:
+        if self.backend is None:
+            return None
+        if self.cost is None:  # on the engine thread, where its calls will run
+            self.cost = time_a_call(self.backend, self._free[-1], drafted=self._longest)
+            log.info(
+                "draft model timed",
+                ms_per_drafted_token=round(self.cost.seconds / self.cost.drafted * 1000, 2),
+            )
         return self.cost
 
     @hookimpl

@@ -143,16 +143,12 @@ class Governor:
         mode: Mode = "auto",
         draft_max: int = 16,
         threads: int = 1,
-        costs: Mapping[str, DraftCost] | None = None,
     ) -> None:
         self.mode = mode
         self.draft_max = draft_max
         self.cost = DecodeCost()
         self._costs = {threads: self.cost}  # one curve per thread count (`threads_changed`)
         self.sources = {name: SourceState(name) for name in sources}
-        for name, cost in (costs or {}).items():  # what the sources measured themselves
-            if name in self.sources:
-                self.sources[name].cost.observe(cost.seconds, cost.drafted, cost.caught_up)
         self._split = passes
         self._split_cache: dict[tuple[tuple[int, int], ...], list[int]] = {}
         self._seqs: dict[int, _Request] = {}
@@ -513,6 +509,13 @@ class Governor:
         return passes
 
     # ---------------------------------------------------------- learning
+
+    def learn_costs(self, costs: Mapping[str, DraftCost]) -> None:
+        """What sources measured their calls to cost before the first (`reame_draft_cost`):
+        each is priced with it until its own timed calls take over."""
+        for name, cost in costs.items():
+            if name in self.sources:
+                self.sources[name].cost.observe(cost.seconds, cost.drafted, cost.caught_up)
 
     def threads_changed(self, threads: int) -> None:
         """The backend now computes with `threads` threads: decodes cost what they cost

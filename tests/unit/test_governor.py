@@ -14,6 +14,7 @@ the host, not the load on the machine running the tests. Engines are stepped by 
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -442,6 +443,36 @@ def test_a_cheap_accurate_draft_model_drafts_from_the_first_steps(
 
     assert source.first_asked_at is not None and source.first_asked_at <= 2
     assert result.usage.draft_accepted[SOURCE] >= 0.75 * result.usage.completion_tokens
+
+
+class TimedAtStart:
+    """Says what a call costs, noting the thread that asked; offers no drafts."""
+
+    def __init__(self) -> None:
+        self.asked_on: list[str] = []
+
+    @hookimpl
+    def reame_draft_cost(self) -> DraftCost:
+        self.asked_on.append(threading.current_thread().name)
+        return DraftCost(0.001, drafted=4)
+
+    @hookimpl
+    def reame_propose_drafts(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]:
+        return []
+
+
+def test_a_source_gives_its_cost_once_on_the_engine_thread(
+    make_engine: MakeEngine, tokenize: Tokenize
+) -> None:
+    # A draft model times its decodes there: a second thread decoding would leave idle
+    # OpenMP workers spinning beside the engine's.
+    source = TimedAtStart()
+    engine = make_engine(plugins=drafting(source))
+
+    for prompt in PROMPTS[:2]:
+        engine.generate(request(tokenize(prompt), max_tokens=8))
+
+    assert source.asked_on == ["reame-engine"]
 
 
 # ---------------------------------------------------------------------------- modes
