@@ -196,15 +196,15 @@ def reame_propose_drafts(requests: Sequence[DraftRequest]) -> Iterable[DraftProp
 @hookspec
 def reame_draft_cost() -> DraftCost | None:
     """What a call to this plugin's ``reame_propose_drafts`` costs, if the plugin knows before
-    its first call (a draft model times a few of its own decodes when it loads).
+    its first call (a draft model times a few of its own decodes).
 
-    Called once, on the engine thread before its first step (time your decodes there: a
-    second thread decoding leaves idle OpenMP workers spinning). The governor prices the
-    source with it
-    from the first step instead of calling it once to find out: a source whose drafts could
-    not pay on this host even if every one came true is then never asked, and never made to
-    read a prompt only to show that. Its timed calls replace the figure as they come. A
-    source that returns nothing is called early in the first request, to learn its cost.
+    Called once, on the engine thread before its first step: time your decodes there (a
+    second thread decoding leaves idle OpenMP workers spinning beside the engine's). The
+    governor prices the source with it from the first step instead of calling it once to
+    find out: a source whose drafts could not pay on this host even if every one came true
+    is then never asked, and never made to read a prompt only to show that. Its timed calls
+    replace the figure as they come. A source that returns nothing is called early in the
+    first request, to learn its cost.
     """
 
 

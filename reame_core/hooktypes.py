@@ -201,7 +201,7 @@ class DraftProposal:
 class DraftCost:
     """What a draft source's propose call costs, as the source measured it before its first
     call: `seconds` for a call that caught up on `caught_up` tokens of one sequence and
-    drafted `drafted` tokens for it (a draft model times a few of its decodes when it loads)."""
+    drafted `drafted` tokens for it (a draft model times a few of its decodes at start)."""
 
     seconds: float
     drafted: int
