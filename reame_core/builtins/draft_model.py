@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 NAME = "draft_model"
-# Decoded once at load, before the timed decodes: a fresh context's first decodes are slow.
+# Decoded once, untimed, before the timed decodes: a fresh context's first decodes are slow.
 WARM_UP_TEXT = "def mean(values: list[float]) -> float:\n    return sum(values) / len(values)\n"
 
 
