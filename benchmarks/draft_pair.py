@@ -105,7 +105,10 @@ def child(
         "accepted": accepted,
         "outputs": [list(result.candidates[0].tokens) for result in results],
         "governor": [
-            {k: row[k] for k in ("source", "reason", "drafts", "shadow_drafts")}
+            {
+                k: row[k]
+                for k in ("source", "reason", "drafts", "shadow_drafts", "probes", "probe_ms")
+            }
             for row in governor["sources"]
         ],
     }

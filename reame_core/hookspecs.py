@@ -24,7 +24,7 @@ The groups follow a run from its plan, then a request through the engine:
     lifecycle   reame_configure, reame_request_extensions, reame_check_request,
                 reame_sequence_started, reame_generation_finished, reame_shutdown
     prefill     reame_prefix_lookup, reame_prefix_store_points, reame_prefix_store
-    drafting    reame_propose_drafts
+    drafting    reame_propose_drafts, reame_draft_cost
     verifying   reame_constrain_logits, reame_verify_drafts
     accounting  reame_drafts_verified, reame_tokens_committed
     selection   reame_plan_candidates, reame_select_candidates
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
         CandidatePlan,
         CandidateView,
         DiskNeed,
+        DraftCost,
         DraftProposal,
         DraftRequest,
         ModelInfo,
@@ -189,6 +190,21 @@ def reame_propose_drafts(requests: Sequence[DraftRequest]) -> Iterable[DraftProp
     returns proposals for the sequences it has a guess for (at most ``max_tokens`` each)
     and nothing for the rest. When several sources propose for one sequence, the policy
     keeps one. Batch the work across sequences when that is cheaper (a draft model).
+    """
+
+
+@hookspec
+def reame_draft_cost() -> DraftCost | None:
+    """What a call to this plugin's ``reame_propose_drafts`` costs, if the plugin knows before
+    its first call (a draft model times a few of its own decodes).
+
+    Called once, on the engine thread before its first step: time your decodes there (a
+    second thread decoding leaves idle OpenMP workers spinning beside the engine's). The
+    governor prices the source with it from the first step instead of calling it once to
+    find out: a source whose drafts could not pay on this host even if every one came true
+    is then never asked, and never made to read a prompt only to show that. Its timed calls
+    replace the figure as they come. A source that returns nothing is called early in the
+    first request, to learn its cost.
     """
 
 

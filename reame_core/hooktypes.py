@@ -198,6 +198,17 @@ class DraftProposal:
 
 
 @dataclass(frozen=True)
+class DraftCost:
+    """What a draft source's propose call costs, as the source measured it before its first
+    call: `seconds` for a call that caught up on `caught_up` tokens of one sequence and
+    drafted `drafted` tokens for it (a draft model times a few of its decodes at start)."""
+
+    seconds: float
+    drafted: int
+    caught_up: int = 1
+
+
+@dataclass(frozen=True)
 class Verification:
     """Outcome of checking a draft against the target: the first `accepted` draft tokens
     were right, and `tokens` (accepted drafts plus one token sampled from the target)

@@ -7,10 +7,16 @@ committed since) after cutting back whatever the target rejected, so rollback ne
 message. Drafts are the draft model's argmax, batched across sequences, one decode per
 drafted position; a sequence stops drafting when the draft model is unsure of its guess.
 Proposals are deterministic (q one-hot), which keeps speculative sampling exact too.
+
+Before the engine's first step it times a few of its own decodes, on the engine thread, and
+gives the governor what a call costs (`reame_draft_cost`), so that on a host where it is
+too slow next to verification it is never asked, not even once to read a prompt and show it.
 """
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -22,7 +28,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from reame_core.backend.base import Batch, DecodeError
 from reame_core.errors import ModelLoadError
 from reame_core.hookspecs import hookimpl
-from reame_core.hooktypes import DraftProposal, DraftRequest, ModelInfo, SequenceView
+from reame_core.hooktypes import (
+    DraftCost,
+    DraftProposal,
+    DraftRequest,
+    ModelInfo,
+    SequenceView,
+)
 from reame_core.settings import Settings
 
 if TYPE_CHECKING:
@@ -31,6 +43,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 NAME = "draft_model"
+# Decoded once, untimed, before the timed decodes: a fresh context's first decodes are slow.
+WARM_UP_TEXT = "def mean(values: list[float]) -> float:\n    return sum(values) / len(values)\n"
 
 
 class DraftModelSettings(BaseModel):
@@ -53,6 +67,8 @@ class DraftModel:
     def __init__(self) -> None:
         self.settings = DraftModelSettings.model_validate({})
         self.backend: LlamaBackend | None = None
+        self.cost: DraftCost | None = None
+        self._longest = 16  # the longest draft it may be asked for (`draft_max`)
         self._mirrors: dict[int, _Mirror] = {}
         self._free: list[int] = []
 
@@ -83,7 +99,20 @@ class DraftModel:
             raise
         self.backend = backend
         self._free = list(range(model.n_seq_max - 1, -1, -1))
+        self._longest = max(1, settings.draft_max)
         log.info("draft model loaded", draft=draft.name, target=model.name)
+
+    @hookimpl
+    def reame_draft_cost(self) -> DraftCost | None:
+        if self.backend is None:
+            return None
+        if self.cost is None:  # on the engine thread, where its calls will run
+            self.cost = time_a_call(self.backend, self._free[-1], drafted=self._longest)
+            log.info(
+                "draft model timed",
+                ms_per_drafted_token=round(self.cost.seconds / self.cost.drafted * 1000, 2),
+            )
+        return self.cost
 
     @hookimpl
     def reame_describe(self) -> str:
@@ -231,6 +260,28 @@ def draft_model_name(settings: Settings) -> str | None:
         log.info("no default draft model for this model", model=settings.model)
         return None
     return card.draft
+
+
+def time_a_call(backend: LlamaBackend, seq_id: int, drafted: int, timed: int = 8) -> DraftCost:
+    """What a call that reads one committed token and drafts `drafted` tokens (the longest
+    draft asked for: the one that could pay best) costs: that many one-token decodes, each
+    row read as drafting reads it, priced at the median of `timed` of them (one slow decode
+    on a shared host does not decide). A short text is decoded first, untimed, in sequence
+    `seq_id` (left empty afterwards): no later call pays a fresh context's first decodes."""
+    tokens = backend.tokenize(WARM_UP_TEXT, add_special=False, parse_special=False)
+    batch = Batch()
+    for position, token in enumerate(tokens):
+        batch.add(token, position, seq_id, position == len(tokens) - 1)
+    token, _ = _argmax_with_confidence(np.array(backend.decode(batch)[0], copy=True))
+    seconds = []
+    for position in range(len(tokens), len(tokens) + timed):
+        started = time.perf_counter()
+        step = Batch()
+        step.add(token, position, seq_id, True)
+        token, _ = _argmax_with_confidence(np.array(backend.decode(step)[0], copy=True))
+        seconds.append(time.perf_counter() - started)
+    backend.seq_rm(seq_id, 0)
+    return DraftCost(drafted * statistics.median(seconds), drafted, caught_up=1)
 
 
 def check_same_vocabulary(target: ModelInfo, draft: ModelInfo) -> None:

@@ -30,7 +30,7 @@ from reame_core.engine.sequence import RequestGroup
 from reame_core.engine.slots import KVSlots
 from reame_core.engine.stats import EngineStats
 from reame_core.errors import RequestError
-from reame_core.hooktypes import CandidatePlan
+from reame_core.hooktypes import CandidatePlan, DraftCost
 from reame_core.plugins import PluginHost
 from reame_core.request import (
     Event,
@@ -89,6 +89,7 @@ class Engine:
             draft_max=draft_max,
             threads=backend.info.n_threads,
         )
+        self._sources_priced = False  # `reame_draft_cost` asked (on the engine thread)
         self.stats = EngineStats()
         if cpu_share is None and adapt_threads:
             cpu_share = CpuShare(self.info.n_threads, len(os.sched_getaffinity(0)))
@@ -112,6 +113,26 @@ class Engine:
         self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._stopping = False
+
+    def _price_sources(self) -> None:
+        """Give the governor what the draft sources say their calls cost before the first
+        one (`reame_draft_cost`), once, on the thread that decodes: a draft model times its
+        own decodes there, as its calls will run (a second thread decoding would leave its
+        idle OpenMP workers spinning beside this one's). A plugin that fails to say is
+        called to find out instead."""
+        self._sources_priced = True
+        costs: dict[str, DraftCost] = {}
+        for impl in self.hook.reame_draft_cost.get_hookimpls():
+            if impl.plugin_name not in self.governor.sources:
+                continue
+            try:
+                cost = impl.function()
+            except Exception:
+                log.exception("draft source could not say its cost", source=impl.plugin_name)
+                continue
+            if cost is not None:
+                costs[impl.plugin_name] = cost
+        self.governor.learn_costs(costs)
 
     # ------------------------------------------------------------ public API
 
@@ -243,6 +264,7 @@ class Engine:
     # ------------------------------------------------------------ the loop
 
     def _run(self) -> None:
+        self._price_sources()
         while not self._stopping:
             if not self.busy:
                 self.runner.idle()
@@ -276,6 +298,8 @@ class Engine:
 
     def step(self) -> bool:
         """Advance every request by one decode. Returns False when there was nothing to do."""
+        if not self._sources_priced:
+            self._price_sources()
         self._take_inbox(block=False)
         self._reap_cancelled()
         # Waiting requests take free slots before a running one's later candidates, unless

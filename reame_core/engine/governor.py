@@ -6,7 +6,8 @@ It learns online what it needs:
   - the target's cost of a decode by its passes over the weights (`DecodeCost`), so
     "verify k drafts" is priced against "decode one token" for the batch at hand;
   - each source's cost of proposing (`ProposeCost`): drafting, and catching up on what the
-    sequence committed since the source last looked;
+    sequence committed since the source last looked; from its timed calls, and before the
+    first from the figure the source measured itself, if it gives one (`reame_draft_cost`);
   - each source's acceptance by draft position, over all requests and per request
     (`Acceptance`), from verified drafts and from drafts it scored without verifying them
     (`ShadowDraft`: a declined draft is checked against the tokens committed after it).
@@ -18,8 +19,12 @@ included, beat both plain decoding and what the sources asked before it already 
 otherwise only when a probe is due. Probes are paid from a budget (`PROBE_BUDGET` of the
 decode time); a new request gets its own, they come again as soon as the budget allows
 while the request's evidence is thin, and later and later once it shows the source does
-not pay there. Then, of the drafts in hand, the governor verifies the plan with the most
-expected tokens per second; the drafts it does not verify are scored in shadow.
+not pay there. No probe goes where the source could not pay even if every draft of it came
+true, its catch-up on what it has not read yet spread over the rest of the request: a draft
+model too slow next to verification on this host is never asked, and never made to read a
+prompt to show it (a source that did not give its cost is called once to learn it). Then,
+of the drafts in hand, the governor verifies the plan with the most expected tokens per
+second; the drafts it does not verify are scored in shadow.
 
 Modes: ``off`` never drafts; ``on`` verifies every proposal at full length (to measure
 what speculation costs); ``auto`` is the governor. A request may choose its own mode.
@@ -29,7 +34,7 @@ The governor decides; the engine calls the sources and verifies.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -42,7 +47,7 @@ from reame_core.engine.acceptance import (
 from reame_core.engine.decode_cost import DecodeCost
 from reame_core.engine.propose_cost import ProposeCost
 from reame_core.engine.sequence import Candidate as EngineSequence
-from reame_core.hooktypes import DraftProposal, DraftRequest
+from reame_core.hooktypes import DraftCost, DraftProposal, DraftRequest
 
 Mode = Literal["auto", "on", "off"]
 MODES: tuple[Mode, ...] = ("auto", "on", "off")
@@ -80,7 +85,7 @@ class SourceState:
     k: int = 0  # length of its last verified draft
     gain: float | None = None  # as of the last report
     enabled: bool = True  # its drafts pay over all requests (or nothing is known yet)
-    state: str = "new"  # new, drafting, watched (asked every step), probed
+    state: str = "new"  # new, drafting, watched (asked every step), probed, too dear, failed
     reason: str = "no drafts yet"
 
     @property
@@ -258,6 +263,9 @@ class Governor:
                     continue
             if state.credit < 0.0 or self._step < own.probe_at:
                 continue
+            if priced and not self._may_pay(seq, state, limit, behind[seq.key], weight):
+                own.probe_at = self._step + PROBE_EVERY  # costs change: looked at again then
+                continue
             # A probe, paid from the budget. Not where the cheaper sources' drafts would do
             # better than this one could even if all its drafts came true. While this
             # request's own evidence leaves room for the source to pay, probe again as
@@ -408,24 +416,48 @@ class Governor:
         expected: Sequence[float],
         limit: int,
         propose: Callable[[int], float] | None = None,
+        verify: Callable[[int], float] | None = None,
     ) -> tuple[int, float]:
         """The draft length (on the ladder, or `limit` itself) with the best speed-up for
         one sequence of this step, and that speed-up: expected tokens per second, `propose`
-        seconds included, over the plain step's. (0, 0.0) when nothing can be priced."""
+        seconds included, over the plain step's. The step verifying k drafts takes
+        `verify(k)` seconds (by default the cost curve's estimate). (0, 0.0) when nothing
+        can be priced."""
         base = self._base
         limit = min(limit, len(expected) - 1)
         if base is None or base <= 0 or limit <= 0:
             return 0, 0.0
+        verify = verify or self._drafting_seconds
         n = self._decoding
-        if (n + expected[limit]) / self._drafting_seconds(1) * base / n <= 1.0:
+        if (n + expected[limit]) / verify(1) * base / n <= 1.0:
             return 0, 0.0  # even all its tokens at the price of one would not pay
         best_k, best = 0, 0.0
         for k in (*(k for k in K_LADDER if k < limit), limit):
-            seconds = self._drafting_seconds(k) + (propose(k) if propose else 0.0)
+            seconds = verify(k) + (propose(k) if propose else 0.0)
             gain = (n + expected[k]) / seconds * base / n
             if gain > best:
                 best_k, best = k, gain
         return best_k, best
+
+    def _may_pay(
+        self, seq: EngineSequence, state: SourceState, limit: int, behind: int, weight: float
+    ) -> bool:
+        """Whether the source's drafts could pay for `seq` at all: if every one of them came
+        true for the rest of the request, its reading of what it has not seen yet included,
+        spread over the tokens the request may still generate. Where they could not, a probe
+        would buy nothing but that reading."""
+        left = max(1, seq.params.max_tokens - len(seq.output))
+        cost = state.cost
+        reading = max(0.0, cost.predict(0, behind, weight) - cost.predict(0, 1, weight))
+
+        def propose(k: int) -> float:  # each step it reads the token committed after its draft
+            return cost.predict(k, 1, weight) + reading * (1 + k) / left
+
+        def verify(k: int) -> float:  # priced at most: a probe here is never a bargain
+            return self._step_seconds(1, k, at_most=True)
+
+        every_one_true = [float(j) for j in range(limit + 1)]
+        return self._best(every_one_true, limit, propose, verify)[1] > 1.0
 
     def _drafting_seconds(self, k: int) -> float:
         """Predicted time of this step with one sequence verifying `k` drafts."""
@@ -477,6 +509,13 @@ class Governor:
         return passes
 
     # ---------------------------------------------------------- learning
+
+    def learn_costs(self, costs: Mapping[str, DraftCost]) -> None:
+        """What sources measured their calls to cost before the first (`reame_draft_cost`):
+        each is priced with it until its own timed calls take over."""
+        for name, cost in costs.items():
+            if name in self.sources:
+                self.sources[name].cost.observe(cost.seconds, cost.drafted, cost.caught_up)
 
     def threads_changed(self, threads: int) -> None:
         """The backend now computes with `threads` threads: decodes cost what they cost
@@ -539,7 +578,8 @@ class Governor:
         if own is None:
             # A new request probes a source known to be dear once it has decoded a few
             # tokens: by then the cheaper sources' drafts show whether it is needed at all.
-            # One whose cost is not known yet is looked at at once.
+            # One whose cost is not known yet (it gave none, `reame_draft_cost`) is looked at
+            # at once.
             wait = PROBE_EVERY if self.sources[source].cost.known else 0
             own = request.sources[source] = _Own(probe_at=self._step + wait)
         return own
@@ -578,10 +618,12 @@ class Governor:
 
     # ---------------------------------------------------------- judging
 
-    def expected_gain(self, state: SourceState) -> float | None:
+    def expected_gain(self, state: SourceState, every_one_true: bool = False) -> float | None:
         """Best expected speed-up from this source over all requests, at the last step's
         number of decoding sequences (one of them drafting, or all of them, which may
-        share a pass), its propose time included. None before the plain step is priced."""
+        share a pass), its propose time included; with `every_one_true`, the most it could
+        bring if all of its drafts came true (verification priced at most, as the probes'
+        gate prices it). None before the plain step is priced."""
         n = self._decoding
         if not all(self.cost.covers(size) for size in self._passes([(i, 1) for i in range(n)])):
             return None
@@ -589,12 +631,14 @@ class Governor:
         weight = self.cost.prompt_share()
         best = 0.0
         expected = accepted_by_length(state.acceptance.rates(max(K_LADDER)))
+        if every_one_true:
+            expected = [float(j) for j in range(max(K_LADDER) + 1)]
         for k in K_LADDER:
             if k > self.draft_max:
                 break
             for drafting in {1, n}:
                 propose = state.cost.predict(k, drafting, weight)
-                seconds = self._step_seconds(drafting, k) + propose
+                seconds = self._step_seconds(drafting, k, at_most=every_one_true) + propose
                 tokens = n + drafting * expected[k]
                 best = max(best, (tokens / seconds) / (n / base))
         return best
@@ -607,9 +651,21 @@ class Governor:
         evidence = f"at acceptance {state.alpha:.2f} over {state.acceptance.drafts:.0f} drafts"
         base = self._step_seconds(drafting=0, k=0) if gain is not None else None
         cheap = base is not None and state.cost.typical() <= PROBE_BUDGET * base
-        if not state.acceptance.reached or gain is None:
+        best = None
+        if gain is not None and state.cost.known and not cheap:
+            best = self.expected_gain(state, every_one_true=True)
+        if gain is None:
             state.enabled, state.state = True, "new"
-            state.reason = "no drafts yet" if gain is not None else "decode cost not measured yet"
+            state.reason = "decode cost not measured yet"
+        elif best is not None and best <= 1.0:
+            state.enabled, state.state = False, "too dear"
+            state.reason = (
+                f"at most {best:.2f}x even if every draft came true, at "
+                f"{state.cost.typical() * 1000:.1f} ms a call: not asked"
+            )
+        elif not state.acceptance.reached:
+            state.enabled, state.state = True, "new"
+            state.reason = "no drafts yet"
         elif gain >= 1.0:
             state.enabled, state.state = True, "drafting"
             state.reason = f"expected gain {gain:.2f}x {evidence}"
@@ -627,13 +683,15 @@ class Governor:
                 "decode time"
             )
 
-    def _step_seconds(self, drafting: int, k: int) -> float:
+    def _step_seconds(self, drafting: int, k: int, at_most: bool = False) -> float:
         """Predicted time of a step of the last planned size in which the first `drafting`
-        sequences verify `k` draft tokens each."""
+        sequences verify `k` draft tokens each; with `at_most`, the most it may take as far
+        as the measurements show (`DecodeCost.pass_seconds_at_most`)."""
         n = self._decoding
-        return self.cost.seconds(
-            self._passes([(i, 1 + k if i < drafting else 1) for i in range(n)])
-        )
+        passes = self._passes([(i, 1 + k if i < drafting else 1) for i in range(n)])
+        if at_most:
+            return sum(self.cost.pass_seconds_at_most(size) for size in passes)
+        return self.cost.seconds(passes)
 
     # ---------------------------------------------------------- reporting
 

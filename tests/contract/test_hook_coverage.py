@@ -43,6 +43,8 @@ CONTRACT = {
     # drafting
     "reame_propose_drafts": "tests/contract/test_drafting.py::"
     "test_third_party_drafts_are_verified_and_the_right_ones_committed",
+    "reame_draft_cost": "tests/contract/test_drafting.py::"
+    "test_a_source_that_says_its_calls_cost_more_than_drafts_save_is_never_asked",
     # verifying
     "reame_constrain_logits": "tests/contract/test_verifying.py::"
     "test_constraint_decides_every_token",

@@ -218,3 +218,15 @@ def test_a_reader_on_another_thread_never_sees_a_size_without_its_price(
     cost.observe([8], 0.020)
 
     assert read_meanwhile == [{1: 0.010, 8: 0.020}]
+
+
+def test_a_pass_between_measured_sizes_costs_at_most_the_next_larger_one() -> None:
+    # The 2-core EPYC with Qwen2.5-Coder-1.5B: a token costs less the more a pass holds.
+    cost = DecodeCost()
+    for n, seconds in ((1, 0.036), (28, 0.437)):
+        cost.observe([n], seconds)
+
+    assert cost.pass_seconds(17) < 0.30  # the interpolation, well below the 0.33-0.44 s seen
+    assert cost.pass_seconds_at_most(17) == 0.437
+    assert cost.pass_seconds_at_most(1) == 0.036
+    assert cost.pass_seconds_at_most(56) == pytest.approx(cost.pass_seconds(56))

@@ -14,6 +14,7 @@ the host, not the load on the machine running the tests. Engines are stepped by 
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +39,7 @@ from reame_core.engine import committer, runner, scheduler
 from reame_core.engine.engine import Engine
 from reame_core.engine.governor import PROBE_BUDGET, PROBE_EVERY, Governor
 from reame_core.hookspecs import hookimpl
-from reame_core.hooktypes import DraftProposal, DraftRequest
+from reame_core.hooktypes import DraftCost, DraftProposal, DraftRequest
 from reame_core.request import Event, FinishEvent, GenerationRequest, SamplingParams
 
 MakeEngine = Callable[..., Engine]
@@ -359,8 +360,9 @@ def test_a_slow_source_that_yields_more_per_second_wins(
 def test_probing_a_slow_useless_source_costs_at_most_the_probe_budget(
     make_engine: MakeEngine, tokenize: Tokenize, drive: Drive, clock: VirtualClock
 ) -> None:
-    # Each call takes 16 plain steps' time; its drafts never hit.
-    per_token = TWO_KERNEL_PATHS["step_cost_s"]
+    # Each call takes 4 plain steps' time (it would pay if its drafts came true); its drafts
+    # never hit.
+    per_token = TWO_KERNEL_PATHS["step_cost_s"] / 4
     slow = Slow(AlwaysWrong(), per_token, clock.sleep)
     engine = make_engine(plugins=drafting(slow), start=False, draft_max=16, **TWO_KERNEL_PATHS)
     requests = [request(tokenize(p), max_tokens=400, ignore_eos=True) for p in PROMPTS * 2]
@@ -372,6 +374,105 @@ def test_probing_a_slow_useless_source_costs_at_most_the_probe_budget(
     assert row["state"] == "probed"
     assert row["probes"] >= 2
     assert row["probe_ms"] / 1000 <= PROBE_BUDGET * engine.stats.decode_seconds + first_look
+
+
+class Mirroring:
+    """A draft model's shape: before drafting for a sequence it reads what the sequence
+    committed since it last looked (the whole prompt the first time) at `read_s` a token,
+    then drafts `inner`'s drafts at `draft_s` a token. Like the draft model, it gives that
+    cost before its first call; it counts its calls and the tokens it read."""
+
+    def __init__(
+        self, inner: Any, draft_s: float, read_s: float, sleep: Callable[[float], None]
+    ) -> None:
+        self.inner, self.draft_s, self.read_s, self.sleep = inner, draft_s, read_s, sleep
+        self.seen: dict[int, int] = {}
+        self.calls = 0
+        self.read = 0
+        self.first_asked_at: int | None = None  # output length of the first sequence asked
+
+    @hookimpl
+    def reame_draft_cost(self) -> DraftCost:
+        return DraftCost(self.read_s + 4 * self.draft_s, drafted=4, caught_up=1)
+
+    @hookimpl
+    def reame_propose_drafts(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]:
+        self.calls += 1
+        seconds = 0.0
+        for r in requests:
+            if self.first_asked_at is None:
+                self.first_asked_at = len(r.seq.output_tokens)
+            length = len(r.seq.prompt_tokens) + len(r.seq.output_tokens)
+            new = length - self.seen.get(r.seq.key, 0)
+            self.seen[r.seq.key] = length
+            self.read += new
+            seconds += self.read_s * new
+        proposals: list[DraftProposal] = self.inner.reame_propose_drafts(requests)
+        longest = max((len(p.tokens) for p in proposals), default=0)
+        self.sleep(seconds + self.draft_s * longest)
+        return proposals
+
+
+def test_a_draft_model_too_dear_to_pay_never_reads_a_prompt(
+    make_engine: MakeEngine, tokenize: Tokenize, drive: Drive, answers: Answers, clock: VirtualClock
+) -> None:
+    # Always right, but drafting a token takes 0.8 of a plain step and verifying 4 drafts
+    # costs 3.4 plain steps: even all of its drafts right would not pay. Calling it once to
+    # find that out would cost a prompt's reading.
+    plain_step = pass_seconds(1)
+    source = Mirroring(KnownAnswers(answers), 0.8 * plain_step, 0.3 * plain_step, clock.sleep)
+    engine = make_engine(plugins=drafting(source), start=False, draft_max=16, **TWO_KERNEL_PATHS)
+    requests = [request(tokenize(p), max_tokens=120, ignore_eos=True) for p in PROMPTS]
+
+    timed(clock, engine, drive, *requests)
+
+    assert source.calls == source.read == 0
+    assert report(engine)["state"] == "too dear"
+
+
+def test_a_cheap_accurate_draft_model_drafts_from_the_first_steps(
+    make_engine: MakeEngine, tokenize: Tokenize, drive: Drive, answers: Answers, clock: VirtualClock
+) -> None:
+    # Always right, a tenth of a plain step a drafted token, where verifying 8 drafts
+    # costs 1.2 plain steps.
+    step_s = EXPENSIVE_PASS["step_cost_s"]
+    source = Mirroring(KnownAnswers(answers), step_s / 10, step_s / 100, clock.sleep)
+    engine = make_engine(plugins=drafting(source), start=False, **EXPENSIVE_PASS)
+
+    [result] = run(engine, drive, request(tokenize(PROMPTS[0]), max_tokens=60, ignore_eos=True))
+
+    assert source.first_asked_at is not None and source.first_asked_at <= 2
+    assert result.usage.draft_accepted[SOURCE] >= 0.75 * result.usage.completion_tokens
+
+
+class TimedAtStart:
+    """Says what a call costs, noting the thread that asked; offers no drafts."""
+
+    def __init__(self) -> None:
+        self.asked_on: list[str] = []
+
+    @hookimpl
+    def reame_draft_cost(self) -> DraftCost:
+        self.asked_on.append(threading.current_thread().name)
+        return DraftCost(0.001, drafted=4)
+
+    @hookimpl
+    def reame_propose_drafts(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]:
+        return []
+
+
+def test_a_source_gives_its_cost_once_on_the_engine_thread(
+    make_engine: MakeEngine, tokenize: Tokenize
+) -> None:
+    # A draft model times its decodes there: a second thread decoding would leave idle
+    # OpenMP workers spinning beside the engine's.
+    source = TimedAtStart()
+    engine = make_engine(plugins=drafting(source))
+
+    for prompt in PROMPTS[:2]:
+        engine.generate(request(tokenize(prompt), max_tokens=8))
+
+    assert source.asked_on == ["reame-engine"]
 
 
 # ---------------------------------------------------------------------------- modes
@@ -685,3 +786,20 @@ def test_a_source_far_behind_a_request_is_priced_with_its_catch_up() -> None:
 
     assert governor.ask(SOURCE, governor.requests([kept_up], 100_000, 512), [])
     assert not governor.ask(SOURCE, governor.requests([behind], 100_000, 512), [])
+
+
+def test_a_source_that_must_first_read_a_long_prompt_is_probed_only_where_that_can_pay() -> None:
+    # It would pay once it has read the request, at 1 ms a drafted token; reading the
+    # 3000-token prompt costs 0.75 s. A request that may generate many tokens can repay
+    # that; one that ends in 20 tokens cannot.
+    def probed(seq: Decoding) -> bool:
+        governor = scripted_governor()
+        governor.observe_decode([(0, 512)], 512 * pass_seconds(1) / 4)  # a prompt token: 1/4
+        governor.sources[SOURCE].cost.observe(0.001 * (1 + 8 + 0.25), drafted=8, caught_up=1)
+        return any(step(governor, [seq]) for _ in range(2 * PROBE_EVERY))
+
+    runs_long = Decoding(prompt_tokens=[1] * 3000)
+    ends_soon = Decoding(prompt_tokens=[1] * 3000, params=SamplingParams(max_tokens=20))
+
+    assert probed(runs_long)
+    assert not probed(ends_soon)
