@@ -35,7 +35,7 @@ import hashlib
 import itertools
 import random
 from collections import Counter, OrderedDict
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,25 +70,26 @@ def prefix_chain(text: str, chunk_chars: int = CHUNK_CHARS) -> list[bytes]:
 
 
 def matched_chunks(chain: Sequence[bytes], held: Mapping[bytes, Any] | set[bytes]) -> int:
-    """How many leading chunks of `chain` `held` contains (binary search: chained hashes
-    mean that if chunk i is held, every chunk before it was part of the same text)."""
-    low, high = 0, len(chain)
-    while low < high:
-        middle = (low + high + 1) // 2
-        if chain[middle - 1] in held:
-            low = middle
-        else:
-            high = middle - 1
-    return low
+    """How many leading chunks of `chain` `held` contains."""
+    return _deepest(len(chain), lambda i: chain[i - 1] in held)
 
 
 def shared_chunks(a: Sequence[bytes], b: Sequence[bytes]) -> int:
     """How many leading chunks two chains share."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    return _deepest(min(len(a), len(b)), lambda i: a[i - 1] == b[i - 1])
+
+
+def _deepest(n: int, holds: Callable[[int], bool]) -> int:
+    """The largest i <= n for which `holds(i)`, by binary search: chained hashes mean that
+    if two texts share chunk i, they share every chunk before it."""
+    low, high = 0, n
+    while low < high:
+        middle = (low + high + 1) // 2
+        if holds(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 class PrefixSet:
