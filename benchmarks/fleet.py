@@ -15,6 +15,9 @@ Also reported, per replica, the figures a larger fleet is sized from: disk cache
 cached token and bytes written per computed prompt, and the router's state size.
 
     .venv/bin/python benchmarks/fleet.py [--reps 1] [--routers reame,pow2,prefix]
+
+Ray's workers import `reame_core` as installed, not from the current directory: to measure
+another checkout of Reame, put it first on PYTHONPATH.
 """
 
 from __future__ import annotations
