@@ -15,6 +15,9 @@ Also reported, per replica, the figures a larger fleet is sized from: disk cache
 cached token and bytes written per computed prompt, and the router's state size.
 
     .venv/bin/python benchmarks/fleet.py [--reps 1] [--routers reame,pow2,prefix]
+
+Ray's workers import `reame_core` as installed, not from the current directory: to measure
+another checkout of Reame, put it first on PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -256,7 +259,8 @@ def replica_counters(url: str, replicas: int) -> dict[str, dict[str, float]]:
 
 def router_scale(replicas: int, prompts_per_replica: int, sessions: int) -> dict[str, Any]:
     """The router's memory and time per decision for a large fleet, on synthetic state:
-    every replica's view full of distinct prompts, the shared set full, `sessions` live."""
+    every replica's slots full of distinct prompts, each also in flight and homed there,
+    the shared set holding them all, `sessions` live."""
     import tracemalloc
 
     from reame_core.fleet.affinity import FleetAffinity, RoutingStats, prefix_chain
@@ -265,14 +269,17 @@ def router_scale(replicas: int, prompts_per_replica: int, sessions: int) -> dict
     affinity = FleetAffinity(rng=random.Random(1))
     base = tracemalloc.get_traced_memory()[0]
     for r in range(replicas):
-        chains = [
-            h
-            for p in range(prompts_per_replica)
-            for h in prefix_chain(f"replica {r} prompt {p} " * 200)
-        ]
+        texts = [f"replica {r} prompt {p} " * 200 for p in range(prompts_per_replica)]
+        chains = [prefix_chain(text) for text in texts]
+        stored = [h for chain in chains for h in chain]
         affinity.observe(
-            f"r{r}", RoutingStats(slots=4, resident=chains, stored=chains, shared_cache=True)
+            f"r{r}",
+            RoutingStats(
+                slots=prompts_per_replica, resident=chains, stored=stored, shared_cache=True
+            ),
         )
+        for text in texts:
+            affinity.routed(f"r{r}", text)
     for s in range(sessions):
         affinity.sessions[f"session-{s:08d}"] = f"r{s % replicas}"
     size = tracemalloc.get_traced_memory()[0] - base
@@ -285,7 +292,7 @@ def router_scale(replicas: int, prompts_per_replica: int, sessions: int) -> dict
     per_decision = (time.perf_counter() - began) / 200
     report = RoutingStats(
         slots=4,
-        resident=[h for p in range(4) for h in prefix_chain(f"p{p} " * 2000)],
+        resident=[prefix_chain(f"p{p} " * 2000) for p in range(4)],
         stored=[h for p in range(64) for h in prefix_chain(f"p{p} " * 500)],
     )
     return {

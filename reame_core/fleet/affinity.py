@@ -8,13 +8,19 @@ cached prefix" is the deepest chunk hash a replica holds — a walk down the req
 chain, a few set lookups, whatever the size of the fleet.
 
 What the router knows of each replica (`ReplicaView`):
-- the prefixes its slots hold (`resident`): learned at once from each request routed there,
-  and replaced, every few seconds, by what the replica itself reports (`record_routing_stats`);
-- its queue, from the reports and the requests routed since.
+- the prompts its slots hold (`held`, as many as it has slots, most recent last): learned
+  at once from each request routed there, and replaced, every few seconds, by what the
+  replica itself reports (`record_routing_stats`); the prompts of its requests in flight;
+- the work in flight there: each request the router sent it, priced at the prompt chunks
+  it had to compute, until it completes.
 
 What it knows of the fleet: the prefixes written to the shared disk prefix cache
 (`shared`), which any replica restores in a fraction of the time a prefill takes; a prefix
-there counts `DISK_WEIGHT` as much as one resident in a slot.
+there counts `DISK_WEIGHT` as much as one resident in a slot. Each prefix's home
+(`PrefixHomes`): the replica that first computed it. Slots hold only a few prompts, and a
+replica's report names only those, so without a home a prefix evicted everywhere would land
+on any replica, and every replica's slots would cycle through every prefix of the fleet.
+With one, each replica's slots serve a stable share of the prefixes.
 
 And which replica each session (`X-Session-ID`, `session_id`) lives on: a session's later
 turns go where its KV is, as long as that replica lives.
@@ -26,22 +32,26 @@ sends the request to the first replica in that order with room (`max_ongoing_req
 from __future__ import annotations
 
 import hashlib
+import itertools
 import random
-from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 CHUNK_CHARS = 128
-DISK_WEIGHT = 0.8  # a prefix on the shared disk is worth this much of a resident one
-# A request ahead in a replica's queue costs as much as computing this many chunks of prompt
-# (about 250 tokens). So a busy replica holding a prefix keeps its requests unless another is
-# idle and either can restore the prefix from the shared disk (worth DISK_WEIGHT of holding
-# it: the idle one wins for prefixes under 40 chunks) or the prefix is under 8 chunks. With
-# 32, measured (docs/BENCHMARKS.md, "Fleet routing"), requests left the replica holding
-# their prefix when nothing could restore it elsewhere.
-WAIT_COST_CHUNKS = 8
-_UNREPORTED = 256  # routed prompts remembered until the replica's next report
+# A prefix on the shared disk is worth this much of a resident one: restoring 600 tokens of
+# SmolLM2 takes 0.04-0.10 s against 2 s to compute them (docs/BENCHMARKS.md).
+DISK_WEIGHT = 0.9
+# Sending a prefix home is worth this much of holding it: not a chunk saved now (the home
+# may have evicted it too), but its later requests find it there instead of on every replica.
+HOME_WEIGHT = 0.5
+# Each request costs its replica at least this many chunks (its answer's decode steps).
+DECODE_CHUNKS = 1.0
+# A request the router did not send (another ingress's, or one it lost track of), priced
+# at about half a cold 500-token prompt.
+UNKNOWN_REQUEST_CHUNKS = 8.0
+_TRACKED = 256  # requests in flight remembered per replica (completions may go missing)
 HASH_BYTES = 8
 
 
@@ -60,12 +70,22 @@ def prefix_chain(text: str, chunk_chars: int = CHUNK_CHARS) -> list[bytes]:
 
 
 def matched_chunks(chain: Sequence[bytes], held: Mapping[bytes, Any] | set[bytes]) -> int:
-    """How many leading chunks of `chain` `held` contains (binary search: chained hashes
-    mean that if chunk i is held, every chunk before it was part of the same text)."""
-    low, high = 0, len(chain)
+    """How many leading chunks of `chain` `held` contains."""
+    return _deepest(len(chain), lambda i: chain[i - 1] in held)
+
+
+def shared_chunks(a: Sequence[bytes], b: Sequence[bytes]) -> int:
+    """How many leading chunks two chains share."""
+    return _deepest(min(len(a), len(b)), lambda i: a[i - 1] == b[i - 1])
+
+
+def _deepest(n: int, holds: Callable[[int], bool]) -> int:
+    """The largest i <= n for which `holds(i)`, by binary search: chained hashes mean that
+    if two texts share chunk i, they share every chunk before it."""
+    low, high = 0, n
     while low < high:
         middle = (low + high + 1) // 2
-        if chain[middle - 1] in held:
+        if holds(middle):
             low = middle
         else:
             high = middle - 1
@@ -85,19 +105,49 @@ class PrefixSet:
     def __len__(self) -> int:
         return len(self._hashes)
 
-    def add(self, chain: Iterable[bytes]) -> None:
-        for digest in chain:
+    def add(self, chain: Sequence[bytes]) -> None:
+        # Deepest first, so a chain's shallow chunks (shared by more prompts) go last.
+        for digest in reversed(chain):
             self._hashes[digest] = None
             self._hashes.move_to_end(digest)
         while len(self._hashes) > self.capacity:
             self._hashes.popitem(last=False)
 
-    def replace(self, chain: Iterable[bytes]) -> None:
-        self._hashes.clear()
-        self.add(chain)
-
     def matched(self, chain: Sequence[bytes]) -> int:
         return matched_chunks(chain, self._hashes)
+
+
+class PrefixHomes:
+    """Each prefix chunk's home replica: the first to be sent a prompt containing it. A
+    later request elsewhere (its home was busy) does not move it; its home leaving does.
+    At most `capacity` chunks, least recently routed forgotten first."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._homes: OrderedDict[bytes, str] = OrderedDict()
+        self.chunks: Counter[str] = Counter()  # chunks homed on each replica
+
+    def claim(self, chain: Sequence[bytes], replica_id: str) -> None:
+        for digest in reversed(chain):  # shallow chunks most recent, as in PrefixSet
+            if digest in self._homes:
+                self._homes.move_to_end(digest)
+            else:
+                self._homes[digest] = replica_id
+                self.chunks[replica_id] += 1
+        while len(self._homes) > self.capacity:
+            _, home = self._homes.popitem(last=False)
+            self.chunks[home] -= 1
+
+    def home(self, chain: Sequence[bytes]) -> tuple[str | None, int]:
+        """The home of the deepest homed chunk of `chain`, and that depth."""
+        depth = matched_chunks(chain, self._homes)
+        return (self._homes[chain[depth - 1]], depth) if depth else (None, 0)
+
+    def release(self, replica_id: str) -> None:
+        """A replica left: its prefixes are homeless until their next request."""
+        for digest in [d for d, home in self._homes.items() if home == replica_id]:
+            del self._homes[digest]
+        self.chunks.pop(replica_id, None)
 
 
 @dataclass
@@ -108,8 +158,8 @@ class RoutingStats:
     queued: int = 0  # requests waiting for a slot
     running: int = 0  # requests in a slot
     slots: int = 1
-    resident: list[bytes] = field(default_factory=list)  # chunk hashes its slots hold
-    stored: list[bytes] = field(default_factory=list)  # ...it wrote to the shared disk cache
+    resident: list[list[bytes]] = field(default_factory=list)  # prompts its slots hold
+    stored: list[bytes] = field(default_factory=list)  # chunks it wrote to the shared disk
     shared_cache: bool = False  # whether it reads and writes the fleet's disk cache
     serial: int = 0  # increases with every report
 
@@ -118,7 +168,7 @@ class RoutingStats:
             "queued": self.queued,
             "running": self.running,
             "slots": self.slots,
-            "resident": [h.hex() for h in self.resident],
+            "resident": [[h.hex() for h in chain] for chain in self.resident],
             "stored": [h.hex() for h in self.stored],
             "shared_cache": self.shared_cache,
             "serial": self.serial,
@@ -130,7 +180,7 @@ class RoutingStats:
             queued=int(data.get("queued", 0)),
             running=int(data.get("running", 0)),
             slots=max(1, int(data.get("slots", 1))),
-            resident=[bytes.fromhex(h) for h in data.get("resident", ())],
+            resident=[[bytes.fromhex(h) for h in chain] for chain in data.get("resident", ())],
             stored=[bytes.fromhex(h) for h in data.get("stored", ())],
             shared_cache=bool(data.get("shared_cache", False)),
             serial=int(data.get("serial", 0)),
@@ -138,27 +188,69 @@ class RoutingStats:
 
 
 @dataclass
+class Work:
+    """A request in flight on a replica: its prompt, and the chunks it had to compute."""
+
+    chain: list[bytes]
+    chunks: float
+
+
+@dataclass
 class ReplicaView:
     """The router's picture of one replica."""
 
-    resident: PrefixSet
-    queued: int = 0
-    running: int = 0
     slots: int = 1
     shared_cache: bool = False
     serial: int = -1
+    held: list[list[bytes]] = field(default_factory=list)  # least recently used first
     routed_since_report: list[list[bytes]] = field(default_factory=list)
+    in_flight: OrderedDict[Hashable, Work] = field(default_factory=OrderedDict)
+    others: int = 0  # requests in flight that this router did not send
     last_routed: int = 0  # when the router last sent it a request (a routing count)
+
+    @property
+    def ongoing(self) -> int:
+        return len(self.in_flight) + self.others
 
     @property
     def load(self) -> int:
         """Requests that must finish before a new one gets a slot: 0 while one is free."""
-        return max(0, self.queued + self.running - self.slots + 1)
+        return max(0, self.ongoing - self.slots + 1)
+
+    @property
+    def backlog(self) -> float:
+        """Chunks of work ahead of a new request. The engine computes prompts in the order
+        they came, so a new prompt waits for the ones in flight, cold or not."""
+        return sum(w.chunks for w in self.in_flight.values()) + (
+            self.others * UNKNOWN_REQUEST_CHUNKS
+        )
+
+    def hold(self, chain: list[bytes]) -> None:
+        """`chain` took a slot: the least recently used prompt beyond the slots is gone,
+        and so is a prompt it extends (the earlier turn of the same conversation)."""
+        if not chain:
+            return
+        self.held = [c for c in self.held if c[-1] not in chain]  # chained: c is a prefix
+        self.held.append(chain)
+        del self.held[: -self.slots]
+
+    def resident(self, chain: Sequence[bytes]) -> int:
+        """Leading chunks of `chain` in this replica's slots (held, or being computed)."""
+        prompts = itertools.chain(self.held, (w.chain for w in self.in_flight.values()))
+        return max((shared_chunks(chain, p) for p in prompts), default=0)
+
+    def settle(self, ongoing: int) -> None:
+        """A fresh count of the replica's requests: requests the router counts beyond it
+        have finished unnoticed (the oldest, most likely); requests beyond the router's
+        are someone else's."""
+        while len(self.in_flight) > ongoing:
+            self.in_flight.popitem(last=False)
+        self.others = ongoing - len(self.in_flight)
 
 
 @dataclass(frozen=True)
 class Choice:
-    """A ranking and why: `reason` is one of session, prefix, disk, balance, spread."""
+    """A ranking and why: `reason` is one of session, balance, prefix, disk, home, spread."""
 
     ranked: list[str]
     reason: str
@@ -167,28 +259,34 @@ class Choice:
 
 class FleetAffinity:
     """Routing state for one deployment's replicas. Not thread-safe: one router owns it
-    (Serve runs a router's methods on one event loop)."""
+    (Serve runs a router's methods on one event loop).
+
+    A request's cost on a replica, in chunks of prompt computed: the backlog there, plus
+    twice the chunks the request itself must compute (once as its own wait, once as the
+    wait it adds for every request after it), less `home_weight` of the prefix if the
+    replica is its home. Lowest cost first: a prefix held on a replica keeps its requests
+    unless the backlog there outweighs computing it elsewhere."""
 
     def __init__(
         self,
         *,
-        resident_capacity: int = 4096,
         shared_capacity: int = 65536,
+        homes_capacity: int = 65536,
         max_sessions: int = 100_000,
         imbalance: int = 2,
-        wait_cost_chunks: float = WAIT_COST_CHUNKS,
         disk_weight: float = DISK_WEIGHT,
+        home_weight: float = HOME_WEIGHT,
         chunk_chars: int = CHUNK_CHARS,
         rng: random.Random | None = None,
     ) -> None:
         self.chunk_chars = chunk_chars
         self.imbalance = imbalance
-        self.wait_cost_chunks = wait_cost_chunks
         self.disk_weight = disk_weight
-        self._resident_capacity = resident_capacity
+        self.home_weight = home_weight
         self._max_sessions = max_sessions
         self.replicas: dict[str, ReplicaView] = {}
         self.shared = PrefixSet(shared_capacity)
+        self.homes = PrefixHomes(homes_capacity)
         self.sessions: OrderedDict[str, str] = OrderedDict()
         self._rng = rng or random.Random()
         self._routings = 0
@@ -198,7 +296,7 @@ class FleetAffinity:
     def replica(self, replica_id: str) -> ReplicaView:
         view = self.replicas.get(replica_id)
         if view is None:
-            view = self.replicas[replica_id] = ReplicaView(PrefixSet(self._resident_capacity))
+            view = self.replicas[replica_id] = ReplicaView()
         return view
 
     def keep_only(self, live: Iterable[str]) -> None:
@@ -209,32 +307,33 @@ class FleetAffinity:
 
     def forget(self, replica_id: str) -> None:
         self.replicas.pop(replica_id, None)
+        self.homes.release(replica_id)
         for session in [s for s, r in self.sessions.items() if r == replica_id]:
             del self.sessions[session]
 
     # ---------------------------------------------------------------- reports
 
     def observe(self, replica_id: str, stats: RoutingStats) -> None:
-        """A replica's own report: it replaces what the router guessed, except for the
-        requests routed since (the report may predate them)."""
+        """A replica's own report: it replaces what the router guessed its slots hold,
+        except for the requests routed since (the report may predate them)."""
         view = self.replica(replica_id)
         if stats.serial == view.serial:
             return
         view.serial = stats.serial
-        view.queued, view.running, view.slots = stats.queued, stats.running, stats.slots
-        view.shared_cache = stats.shared_cache
-        view.resident.replace(stats.resident)
-        for chain in view.routed_since_report:
-            view.resident.add(chain)
+        view.slots, view.shared_cache = stats.slots, stats.shared_cache
+        view.held = []
+        for chain in [*stats.resident, *view.routed_since_report]:
+            view.hold(chain)
         view.routed_since_report.clear()
+        # The count may predate requests sent since: it adds requests, never drops them.
+        view.others = max(0, stats.queued + stats.running - len(view.in_flight))
         if stats.shared_cache:
             self.shared.add(stats.stored)
 
     def set_queue(self, replica_id: str, queued_and_running: int) -> None:
-        """A fresher count of a replica's requests (Serve's queue-length probes)."""
-        view = self.replica(replica_id)
-        view.running = min(queued_and_running, view.slots)
-        view.queued = queued_and_running - view.running
+        """A fresher count of a replica's requests (Serve's queue-length cache, which
+        counts each request sent and each completed)."""
+        self.replica(replica_id).settle(queued_and_running)
 
     # ---------------------------------------------------------------- routing
 
@@ -244,10 +343,10 @@ class FleetAffinity:
             return Choice([], "none")
         live = list(candidates)
         if session is not None and self.sessions.get(session) in live:
-            home = self.sessions[session]
+            host = self.sessions[session]
             self.sessions.move_to_end(session)
-            rest = sorted((r for r in live if r != home), key=lambda r: self.replica(r).load)
-            return Choice([home, *rest], "session")
+            rest = sorted((r for r in live if r != host), key=lambda r: self.replica(r).backlog)
+            return Choice([host, *rest], "session")
         loads = {r: self.replica(r).load for r in live}
         if max(loads.values()) - min(loads.values()) > self.imbalance:
             # One replica is far behind: caches matter less than its queue. Power of two
@@ -258,46 +357,79 @@ class FleetAffinity:
             return Choice(pair + rest, "balance")
         chain = prefix_chain(text, self.chunk_chars)
         on_disk = self.shared.matched(chain)
-        scores: dict[str, float] = {}
-        for replica_id in live:
-            view = self.replica(replica_id)
-            resident = view.resident.matched(chain)
-            restorable = on_disk * self.disk_weight if view.shared_cache else 0.0
-            scores[replica_id] = max(float(resident), restorable)
-        best = max(scores.values())
-        if best <= 0:
-            # Nothing cached anywhere: the least loaded; for a new prefix, then the replica
-            # holding the fewest (new prefixes spread over the fleet); then the one least
-            # recently sent a request (a prompt too short to cache goes round the fleet).
-            def spread(r: str) -> tuple[int, int, int]:
-                view = self.replica(r)
-                return (loads[r], len(view.resident) if chain else 0, view.last_routed)
+        home, home_depth = self.homes.home(chain)
+        cached = {r: self._cached(self.replica(r), chain, on_disk) for r in live}
+        cost = {
+            r: self.replica(r).backlog
+            + 2 * (len(chain) - cached[r] + DECODE_CHUNKS)
+            - (self._home_bonus(self.replica(r), home_depth, on_disk) if r == home else 0.0)
+            for r in live
+        }
 
-            return Choice(sorted(live, key=spread), "spread")
-        # Prefer the cache, but not behind a long queue.
-        cost = {r: loads[r] * self.wait_cost_chunks - scores[r] for r in live}
-        order = sorted(live, key=lambda r: (cost[r], self._rng.random()))
+        def preference(r: str) -> tuple[float, int, int]:
+            # Equal costs: for a new prefix, the replica home to the fewest (new prefixes
+            # spread over the fleet); then the one least recently sent a request (prompts
+            # too short to cache go round the fleet).
+            view = self.replica(r)
+            return (cost[r], self.homes.chunks[r] if chain else 0, view.last_routed)
+
+        order = sorted(live, key=preference)
         top = order[0]
-        resident_top = self.replica(top).resident.matched(chain)
-        reason = "prefix" if resident_top >= scores[top] else "disk"
-        return Choice(order, reason, int(scores[top] * self.chunk_chars))
+        resident = self.replica(top).resident(chain)
+        if cached[top] > 0:
+            reason = "prefix" if resident >= cached[top] else "disk"
+        else:
+            reason = "home" if top == home and home_depth else "spread"
+        return Choice(order, reason, int(cached[top] * self.chunk_chars))
+
+    def _cached(self, view: ReplicaView, chain: Sequence[bytes], on_disk: int) -> float:
+        """Chunks of `chain` the replica need not compute: held in a slot, or restored."""
+        restorable = on_disk * self.disk_weight if view.shared_cache else 0.0
+        return max(float(view.resident(chain)), restorable)
+
+    def _home_bonus(self, view: ReplicaView, home_depth: int, on_disk: int) -> float:
+        """What keeping a prefix home is worth: its chunks that the other replicas could
+        not restore from the shared disk (there, every replica is nearly as good)."""
+        restorable = on_disk if view.shared_cache else 0
+        return self.home_weight * max(0, home_depth - restorable)
 
     def least_recently_routed(self, candidates: Sequence[str]) -> list[str]:
         return sorted(candidates, key=lambda r: self.replica(r).last_routed)
 
-    def routed(self, replica_id: str, text: str, session: str | None = None) -> None:
+    def routed(
+        self,
+        replica_id: str,
+        text: str,
+        session: str | None = None,
+        request: Hashable | None = None,
+    ) -> None:
         """Record that a request went to `replica_id`: its prompt will be in that
-        replica's slots, and its session lives there from now on."""
+        replica's slots, its work in flight there until `completed(replica_id, request)`,
+        its prefix homed there if it had no home, and its session lives there from now on."""
         view = self.replica(replica_id)
         self._routings += 1
         view.last_routed = self._routings
         chain = prefix_chain(text, self.chunk_chars)
+        cached = self._cached(view, chain, self.shared.matched(chain))
+        work = Work(chain, len(chain) - cached + DECODE_CHUNKS)
+        view.in_flight[request if request is not None else ("unnamed", self._routings)] = work
+        while len(view.in_flight) > _TRACKED:
+            view.in_flight.popitem(last=False)
         if chain:
-            view.resident.add(chain)
+            view.hold(chain)
             view.routed_since_report.append(chain)
-            del view.routed_since_report[:-_UNREPORTED]
+            del view.routed_since_report[: -view.slots]
+            self.homes.claim(chain, replica_id)
         if session is not None:
             self.sessions[session] = replica_id
             self.sessions.move_to_end(session)
             while len(self.sessions) > self._max_sessions:
                 self.sessions.popitem(last=False)
+
+    def completed(self, replica_id: str, request: Hashable) -> None:
+        """The request finished: its work leaves the replica's backlog, its prompt stays in
+        a slot there."""
+        view = self.replicas.get(replica_id)
+        work = view.in_flight.pop(request, None) if view is not None else None
+        if view is not None and work is not None:
+            view.hold(work.chain)

@@ -68,7 +68,7 @@ class ServedPrefixes:
                 queued=queued,
                 running=running,
                 slots=self.slots,
-                resident=[h for chain in self._resident.values() for h in chain],
+                resident=list(self._resident.values()),
                 stored=[h for chain in self._recent_stored.values() for h in chain],
                 shared_cache=self.shared_cache,
                 serial=self._serial,

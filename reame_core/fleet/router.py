@@ -3,9 +3,11 @@
 Serve runs one router per deployment handle, in the process holding the handle (the
 fleet's ingress), and calls `choose_replicas` for each request; the ranks it returns are
 tried in order, each replica accepting only while under `max_ongoing_requests`. The router
-learns from each request it routes (`on_request_routed`) and from the replicas' own
-reports (`RunningReplica.routing_stats`, refreshed every `request_routing_stats_period_s`),
-and forgets replicas that die (`on_replica_actor_died`) or leave (`update_replicas`).
+learns from each request it routes (`on_request_routed`) and each that completes
+(`on_request_completed`), from Serve's count of each replica's requests (its queue-length
+cache), and from the replicas' own reports (`RunningReplica.routing_stats`, refreshed every
+`request_routing_stats_period_s`); it forgets replicas that die (`on_replica_actor_died`)
+or leave (`update_replicas`).
 
 No FIFO mixin on purpose: with it, Serve may hand the replica chosen for one request to
 another waiting request, which would throw away the choice made for the first one's prefix.
@@ -20,7 +22,7 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, R
 from reame_core.fleet.affinity import (
     CHUNK_CHARS,
     DISK_WEIGHT,
-    WAIT_COST_CHUNKS,
+    HOME_WEIGHT,
     FleetAffinity,
     RoutingStats,
 )
@@ -37,16 +39,16 @@ class ReameRequestRouter(RequestRouter):
     def initialize_state(
         self,
         imbalance: int = 2,
-        wait_cost_chunks: float = WAIT_COST_CHUNKS,
         chunk_chars: int = CHUNK_CHARS,
         disk_weight: float = DISK_WEIGHT,
+        home_weight: float = HOME_WEIGHT,
         **_: Any,
     ) -> None:
         self.affinity = FleetAffinity(
             imbalance=imbalance,
-            wait_cost_chunks=wait_cost_chunks,
             chunk_chars=chunk_chars,
             disk_weight=disk_weight,
+            home_weight=home_weight,
         )
 
     def _state(self) -> FleetAffinity:
@@ -88,10 +90,16 @@ class ReameRequestRouter(RequestRouter):
         request = _forwarded(pending_request)
         if request is None:
             return
+        key = getattr(pending_request.metadata, "internal_request_id", None)
         if request.routable:
-            self._state().routed(replica_id.unique_id, request.prompt, request.session)
+            self._state().routed(replica_id.unique_id, request.prompt, request.session, key)
         else:
-            self._state().routed(replica_id.unique_id, "")
+            self._state().routed(replica_id.unique_id, "", request=key)
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        # Older Ray Serve releases never call this: Serve's queue-length cache then settles
+        # the count (`FleetAffinity.set_queue`).
+        self._state().completed(replica_id.unique_id, internal_request_id)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)

@@ -20,11 +20,17 @@ SYSTEM_A = "You extract invoice fields as JSON. " * 40
 SYSTEM_B = "You classify support tickets by urgency. " * 40
 
 
-def fleet(*replicas: str, **options: object) -> FleetAffinity:
+def fleet(*replicas: str, slots: int = 4, **options: object) -> FleetAffinity:
     affinity = FleetAffinity(rng=random.Random(7), **options)  # type: ignore[arg-type]
     for replica in replicas:
-        affinity.observe(replica, RoutingStats(slots=4, serial=1))
+        affinity.observe(replica, RoutingStats(slots=slots, serial=1))
     return affinity
+
+
+def settle(affinity: FleetAffinity) -> None:
+    """Every request in flight has finished."""
+    for replica in affinity.replicas:
+        affinity.set_queue(replica, 0)
 
 
 def test_prompts_sharing_a_beginning_share_the_chain_up_to_where_they_part() -> None:
@@ -49,12 +55,13 @@ def test_matched_chunks_finds_the_deepest_held_chunk() -> None:
     assert matched_chunks(chain, set(chain)) == len(chain)
 
 
-def test_prefix_set_forgets_the_least_recently_used_first() -> None:
+def test_prefix_set_forgets_the_least_recently_used_first_deepest_chunks_first() -> None:
     held = PrefixSet(capacity=3)
-    held.add([b"a", b"b", b"c"])
+    held.add([b"a", b"b"])  # b extends a: a prompt sharing b shares a
+    held.add([b"c"])
     held.add([b"a"])
     held.add([b"d"])
-    assert b"b" not in held and b"a" in held and b"d" in held
+    assert b"b" not in held and b"a" in held and b"c" in held and b"d" in held
 
 
 def test_a_request_goes_to_the_replica_holding_its_prefix() -> None:
@@ -79,6 +86,7 @@ def test_new_prefixes_spread_over_the_fleet() -> None:
 def test_prompts_too_short_to_cache_go_round_the_fleet() -> None:
     affinity = fleet("r1", "r2", "r3")
     affinity.routed("r1", SYSTEM_A)  # r1 holds a prefix, the others none
+    settle(affinity)
     chosen = []
     for _ in range(6):
         replica = affinity.rank(["r1", "r2", "r3"], "Hi.").ranked[0]
@@ -112,14 +120,26 @@ def test_replicas_that_left_are_forgotten_with_their_sessions() -> None:
 
 
 def test_a_cached_prefix_is_worth_waiting_for_only_if_it_is_long() -> None:
-    long_prompt, short_prompt = SYSTEM_A, "y" * 640  # 11 chunks, 5 chunks
-    affinity = fleet("r1", "r2", wait_cost_chunks=8)
-    affinity.routed("r1", long_prompt)
-    affinity.routed("r1", short_prompt + "x" * 200)
-    affinity.observe("r1", RoutingStats(queued=0, running=4, slots=4, serial=2))
-    # One request to wait for on r1 (8 chunks' worth): worth it for 11 chunks, not for 5.
+    long_prompt, short_prompt = SYSTEM_A * 3, "y" * 640  # 33 chunks, 5 chunks
+    affinity = fleet("r1", "r2")
+    affinity.routed("r1", long_prompt, request="a")
+    affinity.routed("r1", short_prompt + "x" * 200, request="b")
+    affinity.completed("r1", "a")
+    affinity.completed("r1", "b")
+    affinity.routed("r1", "z" * 2600, request="cold")  # 20 chunks to compute, in flight
+    # Waiting behind them beats computing 33 chunks elsewhere, not computing 5.
     assert affinity.rank(["r1", "r2"], long_prompt + "more").ranked[0] == "r1"
     assert affinity.rank(["r1", "r2"], short_prompt + "more").ranked[0] == "r2"
+
+
+def test_a_hit_waits_behind_requests_that_hit_too() -> None:
+    affinity = fleet("r1", "r2")
+    affinity.routed("r1", SYSTEM_A + "Invoice 1", request="first")
+    affinity.completed("r1", "first")
+    for n in range(3):  # three more invoices in flight on r1, each computing a chunk
+        affinity.routed("r1", SYSTEM_A + f"Invoice {n}", request=n)
+    choice = affinity.rank(["r1", "r2"], SYSTEM_A + "Invoice 9")
+    assert choice.ranked[0] == "r1" and choice.reason == "prefix"
 
 
 def test_a_long_queue_outweighs_a_cached_prefix() -> None:
@@ -132,13 +152,15 @@ def test_a_long_queue_outweighs_a_cached_prefix() -> None:
 
 
 def test_an_idle_replica_that_can_restore_beats_a_busy_one_holding_the_prefix() -> None:
-    affinity = FleetAffinity(rng=random.Random(1), wait_cost_chunks=8)
-    prompt = SYSTEM_A * 3  # 33 chunks: restoring it is worth 26.4, 6.6 less than holding it
+    affinity = FleetAffinity(rng=random.Random(1))
+    prompt = SYSTEM_A * 3  # 33 chunks: restoring them is worth 29.7, 3.3 less than holding
     chain = prefix_chain(prompt)
     affinity.observe("r1", RoutingStats(slots=4, shared_cache=True, serial=1))
     affinity.observe(
         "r1",
-        RoutingStats(running=4, slots=4, shared_cache=True, resident=chain, stored=chain, serial=2),
+        RoutingStats(
+            running=4, slots=4, shared_cache=True, resident=[chain], stored=chain, serial=2
+        ),
     )
     affinity.observe("r2", RoutingStats(slots=4, shared_cache=True, serial=1))
     choice = affinity.rank(["r1", "r2"], prompt + "more")
@@ -189,7 +211,7 @@ def test_a_resident_prefix_beats_the_same_prefix_on_disk() -> None:
     for replica in ("r1", "r2"):
         affinity.observe(replica, RoutingStats(slots=4, shared_cache=True, serial=1))
     affinity.observe(
-        "r2", RoutingStats(slots=4, shared_cache=True, resident=chain, stored=chain, serial=2)
+        "r2", RoutingStats(slots=4, shared_cache=True, resident=[chain], stored=chain, serial=2)
     )
     for _ in range(10):
         assert affinity.rank(["r1", "r2"], SYSTEM_A + "q").ranked[0] == "r2"
@@ -197,17 +219,110 @@ def test_a_resident_prefix_beats_the_same_prefix_on_disk() -> None:
 
 def test_a_report_replaces_guesses_but_keeps_requests_routed_since() -> None:
     affinity = fleet("r1")
-    affinity.routed("r1", SYSTEM_A)
-    affinity.observe("r1", RoutingStats(slots=4, serial=2))  # evicted since
-    affinity.routed("r1", SYSTEM_B)
+    affinity.routed("r1", SYSTEM_A, request=1)
+    affinity.completed("r1", 1)
     view = affinity.replica("r1")
-    assert view.resident.matched(prefix_chain(SYSTEM_B)) > 0
-    affinity.observe("r1", RoutingStats(slots=4, resident=[], serial=3))
-    assert view.resident.matched(prefix_chain(SYSTEM_A)) == 0
+    affinity.observe("r1", RoutingStats(slots=4, serial=2))  # may predate the request
+    assert view.resident(prefix_chain(SYSTEM_A)) == len(prefix_chain(SYSTEM_A))
+    affinity.observe("r1", RoutingStats(slots=4, serial=3))  # evicted since
+    assert view.resident(prefix_chain(SYSTEM_A)) == 0
+
+
+def test_a_replica_holds_only_as_many_prompts_as_it_has_slots() -> None:
+    affinity = fleet("r1", slots=2)
+    for prompt in (SYSTEM_A, SYSTEM_B, "C" * 1000):
+        affinity.routed("r1", prompt)
+    settle(affinity)
+    view = affinity.replica("r1")
+    assert view.resident(prefix_chain(SYSTEM_A)) == 0
+    assert view.resident(prefix_chain(SYSTEM_B)) > 0
+
+
+def test_a_later_turn_replaces_the_earlier_one_in_its_slot() -> None:
+    affinity = fleet("r1", slots=2)
+    affinity.routed("r1", SYSTEM_A)
+    affinity.routed("r1", SYSTEM_A + "user: hello, and a question long enough to fill a chunk")
+    affinity.routed("r1", SYSTEM_B)
+    settle(affinity)
+    assert affinity.replica("r1").resident(prefix_chain(SYSTEM_A)) > 0
+
+
+def test_a_prefix_keeps_going_home_after_reports_no_longer_list_it() -> None:
+    affinity = fleet("r1", "r2", slots=2)
+    affinity.routed("r1", SYSTEM_A)
+    affinity.routed("r2", SYSTEM_B)
+    settle(affinity)
+    for serial in (2, 3):  # both replicas' slots have moved on to other prompts
+        for replica in ("r1", "r2"):
+            others = [prefix_chain(f"{replica} {serial} {n} " * 30) for n in range(2)]
+            affinity.observe(replica, RoutingStats(slots=2, resident=others, serial=serial))
+    for _ in range(5):
+        choice = affinity.rank(["r1", "r2"], SYSTEM_A + "Invoice 3")
+        assert choice.ranked[0] == "r1" and choice.reason == "home"
+        assert affinity.rank(["r1", "r2"], SYSTEM_B + "Ticket 3").ranked[0] == "r2"
+
+
+def test_a_prefix_sent_elsewhere_while_its_home_was_busy_keeps_its_home() -> None:
+    affinity = fleet("r1", "r2", slots=2)
+    affinity.routed("r1", SYSTEM_A, request="a")
+    settle(affinity)
+    for serial in (2, 3):
+        affinity.observe("r1", RoutingStats(slots=2, resident=[], serial=serial))
+    affinity.routed("r1", "Q" * 1500, request="cold")  # r1 computes another long prompt
+    choice = affinity.rank(["r1", "r2"], SYSTEM_A + "Invoice 4")
+    assert choice.ranked[0] == "r2"  # not worth waiting for: r1 must compute it anyway
+    affinity.routed("r2", SYSTEM_A + "Invoice 4", request="spilled")
+    settle(affinity)
+    for serial in (2, 3):
+        affinity.observe("r2", RoutingStats(slots=2, resident=[], serial=serial))
+    assert affinity.rank(["r1", "r2"], SYSTEM_A + "Invoice 5").ranked[0] == "r1"
+
+
+def test_new_prefixes_get_the_replica_home_to_the_fewest() -> None:
+    affinity = fleet("r1", "r2", "r3")
+    affinity.routed("r1", SYSTEM_A)
+    affinity.routed("r2", SYSTEM_B)
+    settle(affinity)
+    choice = affinity.rank(["r1", "r2", "r3"], "A new task entirely. " * 30)
+    assert choice.ranked[0] == "r3" and choice.reason == "spread"
+
+
+def test_a_home_is_not_worth_it_where_every_replica_restores_from_disk() -> None:
+    affinity = FleetAffinity(rng=random.Random(1))
+    chain = prefix_chain(SYSTEM_A)
+    for replica in ("r1", "r2"):
+        affinity.observe(replica, RoutingStats(slots=2, shared_cache=True, serial=1))
+    affinity.routed("r1", SYSTEM_A, request="first")
+    settle(affinity)
+    for serial in (2, 3):  # stored on the shared disk, and no longer in a slot of r1
+        affinity.observe(
+            "r1", RoutingStats(slots=2, shared_cache=True, stored=chain, serial=serial)
+        )
+    affinity.routed("r1", "Q" * 400, request="other")  # a short request in flight on r1
+    choice = affinity.rank(["r1", "r2"], SYSTEM_A + "Invoice 5")
+    assert choice.ranked[0] == "r2" and choice.reason == "disk"
+
+
+def test_balance_beats_a_home_when_its_replica_is_far_behind() -> None:
+    affinity = fleet("r1", "r2", slots=2)
+    affinity.routed("r1", SYSTEM_A)
+    settle(affinity)
+    affinity.observe("r1", RoutingStats(slots=2, queued=4, running=2, serial=2))
+    choice = affinity.rank(["r1", "r2"], SYSTEM_A + "Invoice 6")
+    assert choice.reason == "balance" and choice.ranked[0] == "r2"
+
+
+def test_a_session_sticks_to_its_replica_over_home_and_backlog() -> None:
+    affinity = fleet("r1", "r2", slots=2)
+    affinity.routed("r2", SYSTEM_B)  # SYSTEM_B's home is r2
+    affinity.routed("r1", SYSTEM_B + "user: first turn", session="chat-9")
+    affinity.routed("r1", "Q" * 1500)  # and r1 is busy computing something else
+    choice = affinity.rank(["r1", "r2"], SYSTEM_B + "user: first turn, second", "chat-9")
+    assert choice.ranked == ["r1", "r2"] and choice.reason == "session"
 
 
 def test_stats_cross_process_boundaries_as_plain_data() -> None:
-    stats = RoutingStats(1, 2, 4, prefix_chain(SYSTEM_A), prefix_chain(SYSTEM_B), True, 9)
+    stats = RoutingStats(1, 2, 4, [prefix_chain(SYSTEM_A)], prefix_chain(SYSTEM_B), True, 9)
     data = json.loads(json.dumps(stats.as_dict()))
     assert RoutingStats.from_dict(data) == stats
 
@@ -221,9 +336,8 @@ def test_a_replica_reports_what_its_slots_hold_and_what_it_stored() -> None:
     served.served("short")
     report = served.report(queued=0, running=1)
     assert report.slots == 2 and report.running == 1
-    assert matched_chunks(prefix_chain(SYSTEM_B), set(report.resident)) > 0
-    # The longer turn replaced the shorter one and both still fit the two slots.
-    assert len(set(report.resident)) == len(prefix_chain(longer)) + len(prefix_chain(SYSTEM_B))
+    # The longer turn replaced the shorter one; the short prompt has no chunk to report.
+    assert report.resident == [prefix_chain(longer), prefix_chain(SYSTEM_B)]
     assert matched_chunks(prefix_chain(SYSTEM_A), set(report.stored)) == len(prefix_chain(SYSTEM_A))
     assert served.report(0, 0).serial > report.serial
 
@@ -233,7 +347,7 @@ def test_a_replica_reports_as_stored_only_what_the_disk_cache_keeps() -> None:
     served.served(SYSTEM_A + "the question", stored_chars=len(SYSTEM_A))
     report = served.report(0, 0)
     assert len(report.stored) == len(SYSTEM_A) // CHUNK_CHARS
-    assert len(report.resident) == len(prefix_chain(SYSTEM_A + "the question"))
+    assert report.resident == [prefix_chain(SYSTEM_A + "the question")]
 
 
 def test_a_replica_without_a_shared_cache_reports_nothing_stored() -> None:
