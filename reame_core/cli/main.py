@@ -58,7 +58,8 @@ def _engine_flags(parser: argparse.ArgumentParser, plugins: PluginHost | None) -
     group.add_argument(
         "--kv-type",
         choices=["f16", "q8_0"],
-        help="KV cache type (default: f16, q8_0 when RAM is tight)",
+        help="KV cache type (default: q8_0 keys and f16 values; f16 when not deterministic; "
+        "q8_0 values when RAM is tight)",
     )
     group.add_argument("--batch", type=int, help="most tokens per decode step")
     group.add_argument(
