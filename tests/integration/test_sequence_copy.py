@@ -3,10 +3,11 @@ configuration too (one KV stream per sequence).
 
 llama.cpp copies a stream's buffer across streams only at the start of the next decode,
 while it records the copied cells at once. The scheduler copies a resident prefix from a
-busy slot and may then restore a longer stored prefix into the same slot: the late copy
-overwrote the restored KV with the other slot's, and a greedy request answered from
-another text's KV (an extraction rerun answered `"date": "21 November 2024 at 19:00 in 1",
-"amount": 0` where its first run answered `"date": "21 November 2024", "amount": 35`).
+busy slot and then restores a stored prefix into the same slot when it is longer: say the
+busy slot is still computing the shared system prompt, 256 of its 512 tokens done, and the
+disk cache holds all 512. The late copy overwrote the restored KV with the busy slot's
+buffer, whose cells past 256 held no part of that prompt yet, so the request decoded from
+a broken prompt, depending on what arrived when.
 """
 
 from __future__ import annotations
