@@ -455,7 +455,20 @@ class LlamaBackend:
         return bool(llama_cpp.llama_memory_seq_rm(self._memory, seq_id, p0, p1))
 
     def seq_cp(self, src: int, dst: int) -> None:
-        # Across KV streams only whole-sequence copies are supported (llama.cpp asserts).
+        if self.deterministic and self._info.n_seq_max > 1:
+            # One KV stream per sequence: llama.cpp copies a stream's buffer only at the
+            # start of the next decode, after recording the cells at once. A state restored
+            # into `dst` before then (a stored prefix after a resident one) was overwritten
+            # by the copy, and one written into `src` was copied instead: the prompt's KV
+            # then held another text's, and greedy answers changed with what ran before.
+            # A state round trip copies now.
+            if llama_cpp.llama_memory_seq_pos_max(self._memory, src) < 0:  # nothing to copy
+                llama_cpp.llama_memory_seq_rm(self._memory, dst, -1, -1)
+                return
+            state = self.get_seq_state(src)
+            if not self.set_seq_state(dst, state):
+                raise DecodeError(f"llama.cpp refused to copy sequence {src} to {dst}")
+            return
         llama_cpp.llama_memory_seq_rm(self._memory, dst, -1, -1)
         llama_cpp.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
 
