@@ -19,10 +19,12 @@ included, beat both plain decoding and what the sources asked before it already 
 otherwise only when a probe is due. Probes are paid from a budget (`PROBE_BUDGET` of the
 decode time); a new request gets its own, they come again as soon as the budget allows
 while the request's evidence is thin, and later and later once it shows the source does
-not pay there. No probe goes where the source could not pay even if every draft of it came
-true, its catch-up on what it has not read yet spread over the rest of the request: a draft
-model too slow next to verification on this host is never asked, and never made to read a
-prompt to show it (a source that did not give its cost is called once to learn it). Then,
+not pay there. No probe of a source whose call costs more than a plain step goes where it
+could not pay even if every draft of it came true, its catch-up on what it has not read
+yet spread over the rest of the request: a draft model too slow next to verification on
+this host is never asked, and never made to read a prompt to show it (a source that did
+not give its cost is called once to learn it); a cheaper source is looked at anyway, as
+looking is how its evidence comes. Then,
 of the drafts in hand, the governor verifies the plan with the most expected tokens per
 second; the drafts it does not verify are scored in shadow.
 
@@ -238,6 +240,9 @@ class Governor:
                 self._calls[source] = _Call({}, probe=False)
             return watched
         weight = self.cost.prompt_share()
+        # A call dearer than a plain step (a draft model) is not made where it cannot pay;
+        # a cheaper one costs little to look at, and looking is how its evidence comes.
+        dear = priced and base is not None and state.cost.typical() > base
         seqs = [self._by_key[request.seq.key] for request in requests]
         behind = {seq.key: self._behind(seq, self._own(seq, source)) for seq in seqs}
         rivals = self._rival_gains(offered) if base is not None else {}
@@ -263,7 +268,7 @@ class Governor:
                     continue
             if state.credit < 0.0 or self._step < own.probe_at:
                 continue
-            if priced and not self._may_pay(seq, state, limit, behind[seq.key], weight):
+            if dear and not self._may_pay(seq, state, limit, behind[seq.key], weight):
                 own.probe_at = self._step + PROBE_EVERY  # costs change: looked at again then
                 continue
             # A probe, paid from the budget. Not where the cheaper sources' drafts would do
@@ -652,7 +657,8 @@ class Governor:
         base = self._step_seconds(drafting=0, k=0) if gain is not None else None
         cheap = base is not None and state.cost.typical() <= PROBE_BUDGET * base
         best = None
-        if gain is not None and state.cost.known and not cheap:
+        dear = base is not None and state.cost.typical() > base
+        if gain is not None and state.cost.known and dear:
             best = self.expected_gain(state, every_one_true=True)
         if gain is None:
             state.enabled, state.state = True, "new"
