@@ -803,3 +803,18 @@ def test_a_source_that_must_first_read_a_long_prompt_is_probed_only_where_that_c
 
     assert probed(runs_long)
     assert not probed(ends_soon)
+
+
+def test_a_source_cheaper_than_a_step_is_looked_at_though_only_prompt_chunks_were_timed() -> None:
+    """Early in a process only one-token steps and prompt chunks are timed: priced at what a
+    whole chunk took, no draft could pay, but a source cheaper than a step is looked at
+    anyway — looking is how its evidence, and the small passes' times, come."""
+    governor = Governor([SOURCE], lambda layout: equal_split_passes(layout, 512), draft_max=8)
+    for n in (1, 64):
+        governor.observe_decode([(0, n)], pass_seconds(n))
+    seq = Decoding()
+
+    asks = sum(bool(step(governor, [seq])) for _ in range(60))
+
+    assert asks >= 3
+    assert governor.report()["sources"][0]["state"] != "too dear"
