@@ -29,7 +29,7 @@ from pydantic import ByteSize, TypeAdapter
 
 from reame_core.autoconfig.facts import HostFacts
 from reame_core.hooktypes import DiskNeed
-from reame_core.models.shape import KVType, ModelShape
+from reame_core.models.shape import KVType, ModelShape, default_kv_types, stable_attention
 from reame_core.settings import Settings
 
 T = TypeVar("T")
@@ -189,7 +189,8 @@ def _batch(settings: Settings, facts: HostFacts, shape: ModelShape, ctx: int) ->
 def _flash_attn(settings: Settings) -> Choice[bool]:
     if not settings.deterministic:
         return Choice(True, "--no-deterministic selects llama.cpp's fastest settings")
-    if settings.kv_type == "f16":
+    kv_type = settings.kv_type
+    if kv_type is not None and not stable_attention(True, kv_type, kv_type):
         return Choice(
             False,
             "deterministic configuration with f16 keys and values set: flash attention would "
@@ -207,17 +208,16 @@ def _kv_types(
         if settings.kv_type != "f16" and not flash_attn:
             return keys, Choice("f16", values_note)
         return keys, Choice(settings.kv_type, "set in the settings", explicit=True)
-    stable_keys = settings.deterministic and flash_attn
-    keys_type: KVType = "q8_0" if stable_keys else "f16"
+    keys_type, values_type = default_kv_types(settings.deterministic, flash_attn)
     keys_note = ""
-    if stable_keys:
+    if keys_type != values_type:
         keys_note = "; q8_0 keys keep flash attention on one path (deterministic)"
-    need = int(tokens * shape.kv_bytes_per_token(keys_type, "f16"))
+    need = int(tokens * shape.kv_bytes_per_token(keys_type, values_type))
     if need <= room:
         why = f"{size(need)} of KV fits in the {size(room)} left after the model"
-        return Choice(keys_type, why + keys_note), Choice("f16", why)
+        return Choice(keys_type, why + keys_note), Choice(values_type, why)
     why = (
-        f"memory is tight: {keys_type} keys and f16 values would need {size(need)}, "
+        f"memory is tight: {keys_type} keys and {values_type} values would need {size(need)}, "
         f"{size(max(room, 0))} is left after the model"
     )
     if flash_attn:

@@ -2,8 +2,8 @@
 
 One model, one context with `n_seq_max` sequence slots. In the deterministic configuration
 each sequence gets its own KV stream and attention takes one path for every query row
-(`stable_attention`): that makes a sequence's logits independent of its batch neighbours,
-of the thread count and of whether its prefix was restored or copied (see
+(`models.shape.stable_attention`): that makes a sequence's logits independent of its batch
+neighbours, of the thread count and of whether its prefix was restored or copied (see
 docs/ARCHITECTURE.md, "Determinism").
 """
 
@@ -31,7 +31,7 @@ from reame_core.backend.base import (
 )
 from reame_core.errors import ModelLoadError
 from reame_core.hooktypes import FimTokens, ModelInfo
-from reame_core.models.shape import KVType, ModelShape
+from reame_core.models.shape import KVType, ModelShape, default_kv_types
 
 log = structlog.get_logger(__name__)
 
@@ -60,24 +60,6 @@ def build_has_llamafile() -> bool:
     """Builds with LLAMAFILE use matrix kernels whose results depend on batch shape, so
     verifying drafts in one batch is not bit-identical to decoding them one by one."""
     return "LLAMAFILE = 1" in system_info()
-
-
-def stable_attention(flash_attn: bool, type_k: KVType, type_v: KVType) -> bool:
-    """Whether attention computes a query row the same way whatever else is in its batch and
-    however many threads run it.
-
-    ggml's CPU flash attention has three paths: a tiled one for chunks of 64 rows or more,
-    one that splits the cache among the threads for a lone row against 512 cells or more,
-    and a one-row path that walks the whole cache in order. The first two serve only f16
-    keys with f16 values; with keys in q8_0 (or K and V of different types) every row takes
-    the one-row path, whose result depends on neither (benchmarks/attention_paths.py).
-    Without flash attention the result depends on neither either, given the chunk grid."""
-    return not flash_attn or type_k != "f16" or type_v != "f16"
-
-
-def default_kv_types(deterministic: bool, flash_attn: bool) -> tuple[KVType, KVType]:
-    """f16 keys and values; keys in q8_0 where that keeps attention stable."""
-    return ("q8_0" if deterministic and flash_attn else "f16"), "f16"
 
 
 # A GGUF without a trained context length is old or odd; llama.cpp itself then uses 4096.

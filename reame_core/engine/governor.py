@@ -24,9 +24,9 @@ could not pay even if every draft of it came true, its catch-up on what it has n
 yet spread over the rest of the request: a draft model too slow next to verification on
 this host is never asked, and never made to read a prompt to show it (a source that did
 not give its cost is called once to learn it); a cheaper source is looked at anyway, as
-looking is how its evidence comes. Then,
-of the drafts in hand, the governor verifies the plan with the most expected tokens per
-second; the drafts it does not verify are scored in shadow.
+looking is how its evidence comes. Then, of the drafts in hand, the governor verifies the
+plan with the most expected tokens per second; the drafts it does not verify are scored in
+shadow.
 
 Modes: ``off`` never drafts; ``on`` verifies every proposal at full length (to measure
 what speculation costs); ``auto`` is the governor. A request may choose its own mode.

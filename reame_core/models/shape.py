@@ -17,6 +17,24 @@ KVType = Literal["f16", "q8_0"]
 KV_TYPE_BYTES: dict[KVType, float] = {"f16": 2.0, "q8_0": 34 / 32}
 
 
+def stable_attention(flash_attn: bool, type_k: KVType, type_v: KVType) -> bool:
+    """Whether attention computes a query row the same way whatever else is in its batch and
+    however many threads run it.
+
+    ggml's CPU flash attention has three paths: a tiled one for chunks of 64 rows or more,
+    one that splits the cache among the threads for a lone row against 512 cells or more,
+    and a one-row path that walks the whole cache in order. The first two serve only f16
+    keys with f16 values; with keys in q8_0 (or K and V of different types) every row takes
+    the one-row path, whose result depends on neither (benchmarks/attention_paths.py).
+    Without flash attention the result depends on neither either, given the chunk grid."""
+    return not flash_attn or type_k != "f16" or type_v != "f16"
+
+
+def default_kv_types(deterministic: bool, flash_attn: bool) -> tuple[KVType, KVType]:
+    """f16 keys and values; keys in q8_0 where that keeps attention stable."""
+    return ("q8_0" if deterministic and flash_attn else "f16"), "f16"
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """Sizes of one model file. `file_bytes` is what llama.cpp maps into memory."""

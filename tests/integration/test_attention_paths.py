@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from reame_core.backend.base import Batch
-from reame_core.backend.llama import LlamaBackend, stable_attention
-from reame_core.models.shape import KVType
+from reame_core.backend.llama import LlamaBackend
+from reame_core.models.shape import KVType, stable_attention
 
 pytestmark = pytest.mark.model
 
