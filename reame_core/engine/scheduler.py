@@ -319,9 +319,11 @@ class Scheduler:
         tokens run per step, so a long prompt cannot freeze their streams."""
         budget = self.prefill_chunk if busy else self.info.n_batch
         calls = []
-        for seq in prefilling:
+        for seq in self._prefill_order(prefilling):
             if budget <= 0:
-                break
+                seq.prefill_passed += 1
+                continue
+            seq.prefill_passed = 0
             take = self._chunk_length(seq, budget)
             start = seq.n_kv
             end = start + take
@@ -332,6 +334,20 @@ class Scheduler:
             calls.append(DecodeCall(batch, [Planned(seq, list(seq.prompt_tokens[start:end]))]))
             budget -= take
         return calls
+
+    def _prefill_order(self, prefilling: list[Candidate]) -> list[Candidate]:
+        """Shortest remaining prompt first: a request whose prefix was reused has a few
+        tokens left to compute, and its first token should not wait behind a cold prompt
+        of thousands that arrived before it. A prompt left without a chunk in `n_seq_max`
+        steps goes first (in arrival order), so short prompts arriving without end cannot
+        starve a long one. The order never changes a token: each chunk is computed on its
+        own, on the grid, whatever runs beside it."""
+        limit = self.info.n_seq_max
+
+        def key(seq: Candidate) -> tuple[int, int]:
+            return (0, 0) if seq.prefill_passed >= limit else (1, seq.prompt_remaining)
+
+        return sorted(prefilling, key=key)
 
     def _chunk_length(self, seq: Candidate, budget: int) -> int:
         """How many prompt tokens to compute now: within the budget, on the grid, ending

@@ -61,6 +61,7 @@ class Candidate:
         self.finish_reason: FinishReason | None = None
         self.cumulative_logprob = 0.0
         self.held: list[TokenEvent] = []  # output not streamed yet (a plan's hold_back)
+        self.prefill_passed = 0  # steps in a row its prompt got no chunk (Scheduler)
 
     # --------------------------------------------------------- SequenceView
 

@@ -187,6 +187,52 @@ def test_prompt_alone_is_prefilled_in_batches_of_n_batch(
     assert fake(engine).batch_sizes == [32, 32, 32, 4]
 
 
+def test_a_short_prompt_is_not_held_behind_a_long_cold_one(
+    make_engine: MakeEngine, tokenize: Tokenize
+) -> None:
+    engine = make_engine(start=False, n_batch=32, prefill_chunk=8)
+    long_events: list[Event] = []
+    short_events: list[Event] = []
+    engine.submit(request(list(b"x" * 300), max_tokens=1), long_events.append)
+    short = tokenize("Hi there")
+    engine.submit(request(short, max_tokens=1), short_events.append)
+
+    steps = 0
+    while not short_events:
+        engine.step()
+        steps += 1
+
+    # The long prompt needs ten full batches; the short one is computed in the first step,
+    # beside the long prompt's first chunk, which takes what is left of the batch.
+    assert steps == 1
+    assert not long_events
+    assert fake(engine).batch_sizes[:2] == [len(short), 32 - len(short)]
+
+
+def test_short_prompts_arriving_without_end_do_not_starve_a_long_one(
+    make_engine: MakeEngine, tokenize: Tokenize
+) -> None:
+    engine = make_engine(start=False, n_batch=64, prefill_chunk=8, n_seq_max=4)
+    streaming: list[Event] = []
+    engine.submit(request(tokenize("Go"), max_tokens=1_500, ignore_eos=True), streaming.append)
+    while not streaming:
+        engine.step()  # from here on every step decodes: prompts get 8 tokens a step
+    long_events: list[Event] = []
+    engine.submit(request(list(b"y" * 64), max_tokens=1), long_events.append)
+
+    steps = 0
+    while not long_events:
+        # A new short prompt every step, sharing nothing with the last one, each alone enough
+        # to spend the step's budget.
+        engine.submit(request([40 + steps % 80] * 12, max_tokens=1), lambda e: None)
+        engine.step()
+        steps += 1
+        assert steps < 200, "the long prompt was starved"
+
+    # 64 tokens at 8 a step, and it gets a chunk at least every fifth step.
+    assert steps <= 8 * 5 + 5
+
+
 def test_batches_never_exceed_n_batch(
     make_engine: MakeEngine, tokenize: Tokenize, drive: Drive
 ) -> None:
