@@ -71,14 +71,15 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
-def reame_disk_need() -> DiskNeed | None:
-    """How much disk this plugin wants for the data it keeps there (None: it keeps none).
+def reame_disk_need(settings: Settings) -> DiskNeed | None:
+    """How much disk this plugin wants for the data it keeps there (None: it keeps none),
+    and in which directory (its settings may put it on another disk than Reame's files).
 
     Called while the host plan is made, before the model loads, on the caller's thread.
-    The plan turns each plugin's need into a budget from the free disk (none when too
-    little is free), unless the plugin's settings section sets it; offers it as that
-    setting's default (`Settings.plugin_section`); and `reame config` prints it on a
-    line of its own. A disabled plugin is not asked.
+    The plan turns each plugin's need into a budget from the free disk of that directory
+    (none when too little is free), unless the plugin's settings section sets it; offers it
+    as that setting's default (`Settings.plugin_section`); and `reame config` prints it on
+    a line of its own. A disabled plugin is not asked.
     """
 
 

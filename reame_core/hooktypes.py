@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -25,10 +26,10 @@ DISK_FAULTS = "disk_faults"
 class DiskNeed:
     """A plugin's ask for disk space, which the host plan turns into a budget.
 
-    The plan gives the plugin `share` of the free disk where Reame keeps its files, at most
-    `cap` bytes, as the default of the `setting` key of its ``[plugins.<section>]`` table;
-    a value set there wins. `purpose` names what the bytes hold ("the KV of shared prompt
-    prefixes"), for `reame config`.
+    The plan gives the plugin `share` of the free disk where its data goes (`directory`;
+    None: where Reame keeps its files), at most `cap` bytes, as the default of the `setting`
+    key of its ``[plugins.<section>]`` table; a value set there wins. `purpose` names what
+    the bytes hold ("the KV of shared prompt prefixes"), for `reame config`.
     """
 
     section: str
@@ -36,6 +37,7 @@ class DiskNeed:
     share: float
     cap: int
     setting: str = "budget"
+    directory: Path | None = None
 
 
 @dataclass(frozen=True)

@@ -80,9 +80,9 @@ class PluginHost:
     def records(self) -> list[PluginRecord]:
         return list(self._records.values())
 
-    def disk_needs(self) -> list[DiskNeed]:
+    def disk_needs(self, settings: Settings) -> list[DiskNeed]:
         """What the enabled plugins ask of the disk, for the host plan."""
-        return list(self.hook.reame_disk_need())
+        return list(self.hook.reame_disk_need(settings=settings))
 
     def has_implementations(self, hook_name: str) -> bool:
         return bool(getattr(self.manager.hook, hook_name).get_hookimpls())

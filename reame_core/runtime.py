@@ -63,7 +63,7 @@ def prepare(settings: Settings, disk_needs: Sequence[DiskNeed] = ()) -> Preparat
     from reame_core.backend.llama import read_model_shape
 
     model = ModelStore.in_cache_dir(settings.cache_path).resolve(settings.model)
-    facts = read_host_facts(settings.cache_path)
+    facts = read_host_facts(settings.cache_path, [n.directory for n in disk_needs if n.directory])
     shape = read_model_shape(model.path)
     return Preparation(model, plan_host(settings, facts, shape, disk_needs))
 
@@ -106,7 +106,7 @@ def start_runtime(
     if backend is None:
         # Before llama.cpp is loaded into this process: the check runs it in a child.
         build = build or ensure_build_runs(settings)
-        preparation = prepare(settings, plugins.disk_needs())
+        preparation = prepare(settings, plugins.disk_needs(settings))
         plan = preparation.plan
         log.info("host configuration", **dict(preparation.plan.explain()))
         for warning in preparation.plan.warnings:

@@ -10,7 +10,7 @@ import os
 import platform
 import shutil
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 _SYS_CPU = Path("/sys/devices/system/cpu")
@@ -26,11 +26,19 @@ class HostFacts:
     memory_available: int
     disk_free: int
     disk_path: Path
+    other_disks: Mapping[Path, int] = field(default_factory=dict)
+
+    def free_disk(self, path: Path | None) -> tuple[int, Path]:
+        """Free bytes where `path` is (None: `disk_path`), and the path they were read at."""
+        if path is None:
+            return self.disk_free, self.disk_path
+        return self.other_disks[path], path
 
 
-def read_host_facts(disk_path: Path) -> HostFacts:
+def read_host_facts(disk_path: Path, other_paths: Iterable[Path] = ()) -> HostFacts:
     """The facts of the machine this process runs on; `disk_path` is where Reame keeps
-    its caches (it need not exist yet)."""
+    its caches, `other_paths` where plugins were told to keep their data (none of them
+    need exist yet)."""
     allowed = _allowed_cpus()
     total, available = _memory()
     return HostFacts(
@@ -41,6 +49,7 @@ def read_host_facts(disk_path: Path) -> HostFacts:
         memory_available=available,
         disk_free=free_disk_bytes(disk_path),
         disk_path=disk_path,
+        other_disks={path: free_disk_bytes(path) for path in other_paths},
     )
 
 

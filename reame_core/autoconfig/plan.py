@@ -289,13 +289,13 @@ def _disk_budget(settings: Settings, facts: HostFacts, need: DiskNeed) -> Choice
     if explicit is not None:
         given = int(TypeAdapter(ByteSize).validate_python(explicit))
         return Choice(given, f"set in [plugins.{need.section}]", explicit=True)
-    free = facts.disk_free
+    free, where = facts.free_disk(need.directory)
     if free < MIN_DISK_FOR_CACHES:
-        return Choice(0, f"only {size(free)} free in {facts.disk_path}: no room for {need.purpose}")
+        return Choice(0, f"only {size(free)} free in {where}: no room for {need.purpose}")
     budget = min(int(free * need.share), need.cap) // MIB * MIB
     return Choice(
         budget,
-        f"{need.share:.0%} of the {size(free)} free in {facts.disk_path}, at most "
+        f"{need.share:.0%} of the {size(free)} free in {where}, at most "
         f"{size(need.cap)}, for {need.purpose}",
     )
 

@@ -21,9 +21,10 @@ from reame_core.settings import Settings
 
 
 def config_command(settings: Settings, out: TextIO) -> int:
-    facts = read_host_facts(settings.cache_path)
+    needs = PluginHost(settings.disable_plugins).disk_needs(settings)
+    facts = read_host_facts(settings.cache_path, [n.directory for n in needs if n.directory])
     model, shape = _model_shape(settings)
-    plan = plan_host(settings, facts, shape, PluginHost(settings.disable_plugins).disk_needs())
+    plan = plan_host(settings, facts, shape, needs)
     build = read_verdict(settings.cache_path, ProbeSubject.here())
     out.write(render(settings.model, model, facts, plan, build_note(build)))
     return 0

@@ -11,6 +11,7 @@ import pytest
 from reame_core.hookspecs import hookimpl
 from reame_core.hooktypes import DiskNeed
 from reame_core.plugins import PluginHost, PluginRecord
+from reame_core.settings import Settings
 
 GOOD_PLUGIN = """
 from reame_core.hookspecs import hookimpl
@@ -116,12 +117,12 @@ class DiskUser:
     NEED = DiskNeed("disk_user", "its files", share=0.1, cap=1 << 30)
 
     @hookimpl
-    def reame_disk_need(self) -> DiskNeed:
+    def reame_disk_need(self, settings: Settings) -> DiskNeed:
         return self.NEED
 
 
 def test_the_builtins_ask_for_no_disk() -> None:
-    assert PluginHost(discover=False).disk_needs() == []
+    assert PluginHost(discover=False).disk_needs(Settings()) == []
 
 
 def test_a_plugin_that_keeps_files_asks_for_disk_unless_disabled() -> None:
@@ -131,8 +132,8 @@ def test_a_plugin_that_keeps_files_asks_for_disk_unless_disabled() -> None:
     for host in (enabled, disabled):
         host.register(DiskUser(), "disk_user")
 
-    assert enabled.disk_needs() == [DiskUser.NEED]
-    assert disabled.disk_needs() == []
+    assert enabled.disk_needs(Settings()) == [DiskUser.NEED]
+    assert disabled.disk_needs(Settings()) == []
 
 
 # ----------------------------------------------------------------- entry points

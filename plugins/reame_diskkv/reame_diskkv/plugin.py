@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import structlog
+from pydantic import ValidationError
 
 from reame_core.hookspecs import hookimpl
 from reame_core.hooktypes import DISK_FAULTS, DiskNeed, ModelInfo, PrefixHit
@@ -67,9 +68,17 @@ class DiskPrefixCache:
     # ----------------------------------------------------------------- planning
 
     @hookimpl
-    def reame_disk_need(self) -> DiskNeed:
+    def reame_disk_need(self, settings: Settings) -> DiskNeed:
+        try:
+            directory = settings.plugin_section(NAME, DiskKVSettings).directory()
+        except ValidationError:  # refused at configure, with its message
+            directory = None
         return DiskNeed(
-            NAME, "the KV of shared prompt prefixes", BUDGET_SHARE_OF_FREE_DISK, BUDGET_CAP
+            NAME,
+            "the KV of shared prompt prefixes",
+            BUDGET_SHARE_OF_FREE_DISK,
+            BUDGET_CAP,
+            directory=directory,
         )
 
     # ---------------------------------------------------------------- lifecycle

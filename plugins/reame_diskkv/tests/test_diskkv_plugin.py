@@ -20,6 +20,7 @@ from reame_core.autoconfig.plan import plan_host
 from reame_core.backend.fake import FakeBackend
 from reame_core.cli import main as cli_main
 from reame_core.engine.engine import Engine
+from reame_core.hooktypes import DiskNeed
 from reame_core.models.registry import CARDS
 from reame_core.plugins import PluginHost
 from reame_core.request import GenerationRequest, SamplingParams
@@ -85,18 +86,37 @@ def test_default_budget_is_a_quarter_of_the_disk_the_cache_may_use(tmp_path: Pat
     assert DiskKVSettings(budget="512MiB").budget_bytes(held) == 512 << 20
 
 
-def facts(disk_gb: float) -> HostFacts:
-    return HostFacts("x86_64", 2, 2, 4 << 30, 3 << 30, int(disk_gb * (1 << 30)), Path("/d"))
+def facts(cache_disk_gb: float, kv_disk_gb: float, needs: list[DiskNeed]) -> HostFacts:
+    """A host whose cache directory has `cache_disk_gb` free and the KV's `kv_disk_gb`."""
+    other = {need.directory: int(kv_disk_gb * (1 << 30)) for need in needs if need.directory}
+    gib = 1 << 30
+    return HostFacts("x86_64", 2, 2, 4 * gib, 3 * gib, int(cache_disk_gb * gib), Path("/d"), other)
+
+
+def diskkv_needs(settings: Settings) -> list[DiskNeed]:
+    return [need for need in PluginHost().disk_needs(settings) if need.section == "diskkv"]
 
 
 @pytest.mark.parametrize(("disk_gb", "budget"), [(8, 2 << 30), (500, BUDGET_CAP), (0.5, 0)])
 def test_the_host_plan_grants_diskkv_a_quarter_of_the_free_disk_up_to_its_cap(
     disk_gb: float, budget: int
 ) -> None:
-    needs = [need for need in PluginHost().disk_needs() if need.section == "diskkv"]
-    plan = plan_host(Settings(), facts(disk_gb), CARDS["smollm2-135m"].shape, needs)
+    needs = diskkv_needs(Settings())
+    plan = plan_host(Settings(), facts(disk_gb, disk_gb, needs), CARDS["smollm2-135m"].shape, needs)
 
     assert plan.plugin_defaults() == {"diskkv": {"budget": budget}}
+
+
+def test_the_budget_comes_from_the_disk_the_cache_directory_is_on() -> None:
+    args = cli_main.build_parser(PluginHost()).parse_args(["serve", "--kv-cache-dir", "/srv/kv"])
+    settings = cli_main.settings_from(args, model=None)
+    needs = diskkv_needs(settings)
+    host = facts(cache_disk_gb=500, kv_disk_gb=8, needs=needs)
+
+    plan = plan_host(settings, host, CARDS["smollm2-135m"].shape, needs)
+
+    assert [need.directory for need in needs] == [Path("/srv/kv")]
+    assert plan.plugin_defaults() == {"diskkv": {"budget": 2 << 30}}
 
 
 def test_reame_config_shows_the_diskkv_budget_and_the_flag_that_sets_it(

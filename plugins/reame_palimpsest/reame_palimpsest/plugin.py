@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
 from reame_core.errors import RequestError
 from reame_core.hookspecs import hookimpl
@@ -72,9 +73,18 @@ class Palimpsest:
     # ----------------------------------------------------------------- planning
 
     @hookimpl
-    def reame_disk_need(self) -> DiskNeed:
+    def reame_disk_need(self, settings: Settings) -> DiskNeed:
+        try:
+            section = settings.plugin_section(NAME, PalimpsestSettings)
+            directory = section.directory(settings.cache_path)
+        except ValidationError:  # refused at configure, with its message
+            directory = None
         return DiskNeed(
-            NAME, "the archive of finished generations", BUDGET_SHARE_OF_FREE_DISK, BUDGET_CAP
+            NAME,
+            "the archive of finished generations",
+            BUDGET_SHARE_OF_FREE_DISK,
+            BUDGET_CAP,
+            directory=directory,
         )
 
     # ---------------------------------------------------------------- lifecycle
