@@ -8,7 +8,7 @@ same configuration for the same settings.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import structlog
@@ -34,6 +34,7 @@ class Runtime:
     engine: Engine
     # The host plan the model was loaded with (None for a backend the caller supplied).
     plan: HostPlan | None = None
+    _closed: bool = field(default=False, init=False, repr=False)
 
     @cached_property
     def request_extensions(self) -> Mapping[str, str]:
@@ -45,6 +46,10 @@ class Runtime:
         return claimed
 
     def close(self) -> None:
+        """Stop the engine (plugins flush in `reame_shutdown`) and free the model; once."""
+        if self._closed:
+            return
+        self._closed = True
         self.engine.stop()
         self.backend.close()
 

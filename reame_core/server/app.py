@@ -121,13 +121,19 @@ def serve(settings: Settings) -> int:
     )
     # On SIGTERM or Ctrl-C uvicorn stops accepting connections, lets the requests in flight
     # finish (streams to their [DONE]) for up to `drain_seconds`, cuts the rest, and only
-    # then runs the shutdown that stops the engine. A second signal exits at once.
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_config=None,
-        access_log=False,
-        timeout_graceful_shutdown=settings.drain_seconds,
-    )
+    # then runs the shutdown that stops the engine. A second Ctrl-C skips the drain and
+    # that shutdown: the engine is stopped here instead, so that plugins still write out
+    # what they hold (the archive's last generations, queued prefix snapshots).
+    try:
+        uvicorn.run(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=settings.drain_seconds,
+        )
+    finally:
+        if server.runtime is not None:
+            server.runtime.close()
     return 0

@@ -19,8 +19,10 @@ from litestar.testing import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from reame_core.backend.fake import BOS, FakeBackend
+from reame_core.hookspecs import hookimpl
 from reame_core.plugins import PluginHost
-from reame_core.runtime import start_runtime
+from reame_core.runtime import Runtime, start_runtime
+from reame_core.server import app as app_module
 from reame_core.server.app import create_app, load_in_background
 from reame_core.server.service import ServerState
 from reame_core.settings import Settings
@@ -95,6 +97,39 @@ def test_background_load_failure_is_reported_by_health() -> None:
 
 
 # ------------------------------------------------------------------------------- models
+
+
+def test_a_forced_exit_still_stops_the_engine_so_plugins_flush_once(
+    plugins: PluginHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flushes: list[str] = []
+
+    class Flusher:
+        @hookimpl
+        def reame_shutdown(self) -> None:
+            flushes.append("flushed")
+
+    plugins.register(Flusher(), "flusher")
+    started: list[Runtime] = []
+
+    def load(server: ServerState, start: Any) -> None:
+        server.runtime = start_runtime(Settings(), backend=FakeBackend(), plugins=plugins)
+        started.append(server.runtime)
+
+    def second_ctrl_c(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt  # uvicorn returns so, its own shutdown skipped
+
+    monkeypatch.setattr(app_module, "ensure_build_runs", lambda settings: None)
+    monkeypatch.setattr(app_module, "load_in_background", load)
+    monkeypatch.setattr(app_module.uvicorn, "run", second_ctrl_c)
+
+    with pytest.raises(KeyboardInterrupt):
+        app_module.serve(Settings())
+    after_exit = list(flushes)
+    started[0].close()  # as the graceful path's shutdown would: nothing runs twice
+
+    assert after_exit == ["flushed"]
+    assert flushes == ["flushed"]
 
 
 def test_models_lists_the_one_served_model(client: Client) -> None:
