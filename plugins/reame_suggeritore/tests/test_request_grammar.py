@@ -211,23 +211,24 @@ def test_an_adversarial_grammar_is_refused_fast_or_runs_within_bounds(
 ) -> None:
     """Huge, deep or explosive inputs are refused, naming the field, within a couple of
     seconds; or they compile within the limits, and then a constrained answer ends within
-    bounds too: never a hang, never another exception."""
-    started = time.perf_counter()
+    bounds too: never a hang (the timeout), never another exception. The bounds are on
+    this process's CPU time, which other work on a busy host does not stretch."""
+    started = time.process_time()
     try:
         check(**{field: value})
     except RequestError as error:
         assert error.param == field
-        assert time.perf_counter() - started < 3.0
+        assert time.process_time() - started < 3.0
         return
-    assert time.perf_counter() - started < 3.0
+    assert time.process_time() - started < 3.0
     engine = start_engine(FakeBackend())
     try:
-        started = time.perf_counter()
+        started = time.process_time()
         finished = engine.generate(asked(max_tokens=40, **{field: value}))
     finally:
         engine.stop()
     assert finished.error is None
-    assert time.perf_counter() - started < 10.0
+    assert time.process_time() - started < 10.0
 
 
 def test_pydantic_schemas_as_instructor_and_openai_send_them_compile() -> None:
