@@ -52,6 +52,7 @@ from reame_core.engine.sequence import Candidate as EngineSequence
 from reame_core.hooktypes import DraftCost, DraftProposal, DraftRequest
 
 Mode = Literal["auto", "on", "off"]
+Price = Literal["cheap", "middling", "dear"]
 MODES: tuple[Mode, ...] = ("auto", "on", "off")
 
 # Draft lengths the planner tries; longer drafts only pay at high acceptance.
@@ -228,8 +229,9 @@ class Governor:
         the sources asked before it; and those for which a probe is due."""
         state = self.sources[source]
         base = self._base
-        priced = base is not None and state.cost.known
-        if priced and base is not None and state.cost.typical() <= PROBE_BUDGET * base:
+        price = self._price(state, base)
+        priced = price is not None
+        if price == "cheap":
             awake = self._step % IDLE_CALLS == 0
             watched = [
                 request
@@ -242,7 +244,7 @@ class Governor:
         weight = self.cost.prompt_share()
         # A call dearer than a plain step (a draft model) is not made where it cannot pay;
         # a cheaper one costs little to look at, and looking is how its evidence comes.
-        dear = priced and base is not None and state.cost.typical() > base
+        dear = price == "dear"
         seqs = [self._by_key[request.seq.key] for request in requests]
         behind = {seq.key: self._behind(seq, self._own(seq, source)) for seq in seqs}
         rivals = self._rival_gains(offered) if base is not None else {}
@@ -654,11 +656,9 @@ class Governor:
         gain = self.expected_gain(state)
         state.gain = gain
         evidence = f"at acceptance {state.alpha:.2f} over {state.acceptance.drafts:.0f} drafts"
-        base = self._step_seconds(drafting=0, k=0) if gain is not None else None
-        cheap = base is not None and state.cost.typical() <= PROBE_BUDGET * base
+        price = self._price(state, self._step_seconds(drafting=0, k=0))
         best = None
-        dear = base is not None and state.cost.typical() > base
-        if gain is not None and state.cost.known and dear:
+        if gain is not None and price == "dear":
             best = self.expected_gain(state, every_one_true=True)
         if gain is None:
             state.enabled, state.state = True, "new"
@@ -675,7 +675,7 @@ class Governor:
         elif gain >= 1.0:
             state.enabled, state.state = True, "drafting"
             state.reason = f"expected gain {gain:.2f}x {evidence}"
-        elif cheap:
+        elif price == "cheap":
             state.enabled, state.state = False, "watched"
             state.reason = (
                 f"expected gain {gain:.2f}x < 1 {evidence}; asked every step (it costs next "
@@ -688,6 +688,19 @@ class Governor:
                 f"yield more than the others', else probed within {PROBE_BUDGET:.0%} of "
                 "decode time"
             )
+
+    @staticmethod
+    def _price(state: SourceState, base: float | None) -> Price | None:
+        """How a call of the source compares with a plain step of `base` seconds: "cheap"
+        (at most `PROBE_BUDGET` of it: asked every step), "dear" (more than the step: a
+        draft model, called only where it can pay), else "middling"; None while either
+        is unmeasured. Asking and reporting read it from here, so they never disagree."""
+        if base is None or not state.cost.known:
+            return None
+        typical = state.cost.typical()
+        if typical <= PROBE_BUDGET * base:
+            return "cheap"
+        return "dear" if typical > base else "middling"
 
     def _step_seconds(self, drafting: int, k: int, at_most: bool = False) -> float:
         """Predicted time of a step of the last planned size in which the first `drafting`
