@@ -23,6 +23,7 @@ The groups follow a run from its plan, then a request through the engine:
     planning    reame_disk_need
     lifecycle   reame_configure, reame_request_extensions, reame_check_request,
                 reame_sequence_started, reame_generation_finished, reame_shutdown
+    memory      reame_remember_answer, reame_recall_answer
     prefill     reame_prefix_lookup, reame_prefix_store_points, reame_prefix_store
     drafting    reame_propose_drafts, reame_draft_cost
     verifying   reame_constrain_logits, reame_verify_drafts
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
         DraftRequest,
         ModelInfo,
         PrefixHit,
+        RecalledAnswer,
         Selection,
         SequenceView,
         TargetSampler,
@@ -125,6 +127,23 @@ def reame_generation_finished(seq: SequenceView, finish_reason: str, text: str) 
     ends, so release here what is held for ``seq.key``. `finish_reason` is "stop" or
     "length" for a complete generation (an archive may keep those); "abandoned" (stopped by
     candidate selection), "cancelled" and "error" end it cut short."""
+
+
+@hookspec
+def reame_remember_answer(key: str, answer: RecalledAnswer) -> None:
+    """A request whose answer it alone fixes (`engine.recall.recallable`, in the
+    deterministic configuration) ended complete: `answer` is what it returned, `key`
+    (`engine.recall.answer_key`) names the request and the model configuration. A plugin
+    that remembers answers keeps it, to return it from `reame_recall_answer`."""
+
+
+@hookspec(firstresult=True)
+def reame_recall_answer(key: str, model: ModelInfo) -> RecalledAnswer | None:
+    """The answer remembered under `key`, or None: the request is computed. Asked as the
+    engine takes a request that qualifies (`reame_remember_answer`), before it waits for
+    a slot; an answer returned is sent as the request's whole output at once, with every
+    prompt token counted as cached. Answer from memory or a quick read: each millisecond
+    here delays every running stream."""
 
 
 @hookspec

@@ -237,6 +237,16 @@ class PrefixHit:
 
 
 @dataclass(frozen=True)
+class RecalledAnswer:
+    """An answer a request got before, as it was returned: its tokens, its text (stop
+    strings already cut) and why it ended ("stop" or "length")."""
+
+    tokens: tuple[int, ...]
+    text: str
+    finish_reason: FinishReason
+
+
+@dataclass(frozen=True)
 class CandidatePlan:
     """How to run one request's candidates, when a selecting plugin wants other than `n`
     candidates, each streamed as it goes (see ``reame_plan_candidates``).

@@ -210,6 +210,7 @@ class Usage:
     predicted_ms: float = 0.0
     draft_proposed: dict[str, int] = field(default_factory=dict)
     draft_accepted: dict[str, int] = field(default_factory=dict)
+    recalled_tokens: int = 0  # of completion_tokens, sent from a plugin's memory
 
     @property
     def computed_prompt_tokens(self) -> int:

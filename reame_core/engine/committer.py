@@ -26,13 +26,27 @@ import structlog
 
 from reame_core.backend.base import Backend
 from reame_core.engine.governor import Governor
+from reame_core.engine.recall import answer_key, recallable
 from reame_core.engine.scheduler import Planned, Scheduler
 from reame_core.engine.sequence import Candidate, Phase, RequestGroup
 from reame_core.engine.slots import KVRollbackError, KVSlots
 from reame_core.engine.stats import EngineStats
-from reame_core.hooktypes import CandidateView, DraftProposal, TargetSampler, Verification
+from reame_core.hooktypes import (
+    CandidateView,
+    DraftProposal,
+    RecalledAnswer,
+    TargetSampler,
+    Verification,
+)
 from reame_core.plugins import PluginHost
-from reame_core.request import Event, FinishEvent, FinishReason, TokenEvent, TokenLogprob
+from reame_core.request import (
+    CandidateResult,
+    Event,
+    FinishEvent,
+    FinishReason,
+    TokenEvent,
+    TokenLogprob,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -46,6 +60,8 @@ class Committer:
         governor: Governor,
         plugins: PluginHost,
         stats: EngineStats,
+        *,
+        recall: bool = False,
     ) -> None:
         self.backend = backend
         self.info = backend.info
@@ -56,7 +72,53 @@ class Committer:
         self.hook: Any = plugins.hook
         self.stats = stats
         self._constrained = plugins.has_implementations("reame_constrain_logits")
+        # Answers are remembered only where a request alone fixes them (`engine.recall`).
+        self._recall = recall and (
+            plugins.has_implementations("reame_recall_answer")
+            or plugins.has_implementations("reame_remember_answer")
+        )
         self._committing = plugins.has_implementations("reame_tokens_committed")
+
+    # ----------------------------------------------------------------- memory
+
+    def recall(self, group: RequestGroup) -> bool:
+        """Answer a request a plugin remembers (hook `reame_recall_answer`): its output and
+        its end are sent now, and it never waits for a slot. False: it is computed."""
+        if not self._recall or not recallable(group.request, group.plan):
+            return False
+        group.answer_key = answer_key(group.request, self.info)
+        if group.answer_key is None:
+            return False
+        try:
+            answer = self.hook.reame_recall_answer(key=group.answer_key, model=self.info)
+        except Exception:  # a memory that fails to answer costs the computation, no more
+            log.exception("recalling an answer failed; computing it")
+            return False
+        if answer is None:
+            return False
+        usage = group.usage
+        usage.prompt_tokens = usage.cached_tokens = len(group.request.prompt_tokens)
+        usage.completion_tokens = usage.recalled_tokens = len(answer.tokens)
+        self.stats.recalled_requests += 1
+        self._emit(group, TokenEvent(0, answer.tokens, answer.text))
+        result = CandidateResult(0, answer.text, answer.tokens, answer.finish_reason)
+        self.stats.requests_finished += 1
+        self._emit(group, FinishEvent((result,), usage))
+        return True
+
+    def _remember(self, group: RequestGroup, results: Seq[CandidateResult]) -> None:
+        """Hand a complete answer that its request alone fixed to the plugins that keep
+        them (hook `reame_remember_answer`)."""
+        if group.answer_key is None or len(results) != 1:
+            return
+        result = results[0]
+        if result.finish_reason not in ("stop", "length"):
+            return
+        answer = RecalledAnswer(result.tokens, result.text, result.finish_reason)
+        try:
+            self.hook.reame_remember_answer(key=group.answer_key, answer=answer)
+        except Exception:  # the answer is sent all the same
+            log.exception("remembering an answer failed")
 
     # ------------------------------------------------------------------- rows
 
@@ -348,6 +410,8 @@ class Committer:
         else:
             results = tuple(group.sequences[c].result() for c in chosen)
         self.stats.requests_finished += 1
+        if error is None and self._recall:
+            self._remember(group, results)
         self._emit(group, FinishEvent(results, group.usage, error, report))
 
     def _views(self, group: RequestGroup) -> list[CandidateView]:

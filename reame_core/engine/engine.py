@@ -108,7 +108,13 @@ class Engine:
             backend, self.slots, self.governor, self.hook, self.stats, cpu_share
         )
         self.committer = Committer(
-            backend, self.slots, self.scheduler, self.governor, self.plugins, self.stats
+            backend,
+            self.slots,
+            self.scheduler,
+            self.governor,
+            self.plugins,
+            self.stats,
+            recall=exact_reuse,
         )
         self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -290,8 +296,9 @@ class Engine:
             item = self._inbox.get(block=block)
             while True:
                 if isinstance(item, RequestGroup):
-                    self.scheduler.add(item)
                     self.stats.requests_submitted += 1
+                    if not self.committer.recall(item):
+                        self.scheduler.add(item)
                 item = self._inbox.get_nowait()
         except queue.Empty:
             return

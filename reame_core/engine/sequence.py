@@ -151,6 +151,7 @@ class RequestGroup:
     prompt_state: bytes | None = None
     prompt_row: np.ndarray | None = None
     to_start: int = 0
+    answer_key: str | None = None  # set when its answer may be remembered (engine.recall)
 
     @property
     def width(self) -> int:

@@ -4,7 +4,8 @@ Only the engine thread writes them, each counter in the part that does what it c
 the engine takes requests in (submitted), the scheduler admits and plans them (prompt,
 reused and restored tokens; active sequences, waiting requests), the runner decodes
 (steps, seconds, batch tokens, errors) and the committer turns rows into tokens (prefill
-and generated tokens, finished requests). Other threads only read them.
+and generated tokens, finished requests) or answers from a plugin's memory (recalled
+requests). Other threads only read them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 class EngineStats:
     requests_submitted: int = 0
     requests_finished: int = 0
+    recalled_requests: int = 0
     prompt_tokens: int = 0
     prefill_tokens: int = 0
     reused_tokens: int = 0

@@ -25,18 +25,21 @@ def usage_body(usage: Usage) -> dict[str, Any]:
 def timings_body(usage: Usage) -> dict[str, Any]:
     """What the server computed and what it saved, as llama-server names it (+ cached_n,
     and restored_n: the part of cached_n restored from a stored state rather than found
-    resident in a slot)."""
+    resident in a slot; recalled_n: output tokens sent from memory, not computed)."""
     computed = usage.computed_prompt_tokens
+    predicted = usage.completion_tokens - usage.recalled_tokens
     body: dict[str, Any] = {
         "prompt_n": computed,
         "prompt_ms": round(usage.prompt_ms, 3),
         "cached_n": usage.cached_tokens,
         "restored_n": usage.restored_tokens,
-        "predicted_n": usage.completion_tokens,
+        "predicted_n": predicted,
         "predicted_ms": round(usage.predicted_ms, 3),
         "prompt_per_second": _rate(computed, usage.prompt_ms),
-        "predicted_per_second": _rate(usage.completion_tokens, usage.predicted_ms),
+        "predicted_per_second": _rate(predicted, usage.predicted_ms),
     }
+    if usage.recalled_tokens:
+        body["recalled_n"] = usage.recalled_tokens
     if usage.draft_proposed:
         body["draft_n"] = sum(usage.draft_proposed.values())
         body["draft_n_accepted"] = sum(usage.draft_accepted.values())
@@ -58,6 +61,7 @@ def merge_usage(usages: Sequence[Usage]) -> Usage:
         total.cached_tokens += usage.cached_tokens
         total.restored_tokens += usage.restored_tokens
         total.completion_tokens += usage.completion_tokens
+        total.recalled_tokens += usage.recalled_tokens
         total.prompt_ms += usage.prompt_ms
         total.predicted_ms = max(total.predicted_ms, usage.predicted_ms)
         for source, count in usage.draft_proposed.items():

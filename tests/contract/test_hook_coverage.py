@@ -33,6 +33,11 @@ CONTRACT = {
     "test_plugins_with_llama_contexts_of_their_own_hear_the_new_thread_count",
     "reame_shutdown": "tests/contract/test_lifecycle.py::"
     "test_configure_comes_first_shutdown_last_and_each_candidate_starts_and_finishes_once",
+    # memory
+    "reame_remember_answer": "tests/contract/test_memory.py::"
+    "test_a_repeated_request_is_answered_from_memory_with_the_same_output",
+    "reame_recall_answer": "tests/contract/test_memory.py::"
+    "test_a_repeated_request_is_answered_from_memory_with_the_same_output",
     # prefill
     "reame_prefix_lookup": "tests/contract/test_prefill.py::"
     "test_snapshot_stored_at_the_plugins_point_is_restored_by_another_engine",
