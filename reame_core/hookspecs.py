@@ -130,15 +130,18 @@ def reame_generation_finished(seq: SequenceView, finish_reason: str, text: str) 
 
 
 @hookspec
-def reame_remember_answer(key: str, answer: RecalledAnswer) -> None:
+def reame_remember_answer(request: GenerationRequest, key: str, answer: RecalledAnswer) -> None:
     """A request whose answer it alone fixes (`engine.recall.recallable`, in the
     deterministic configuration) ended complete: `answer` is what it returned, `key`
     (`engine.recall.answer_key`) names the request and the model configuration. A plugin
-    that remembers answers keeps it, to return it from `reame_recall_answer`."""
+    that remembers answers keeps it, to return it from `reame_recall_answer` (unless the
+    request's own fields say not to)."""
 
 
 @hookspec(firstresult=True)
-def reame_recall_answer(key: str, model: ModelInfo) -> RecalledAnswer | None:
+def reame_recall_answer(
+    request: GenerationRequest, key: str, model: ModelInfo
+) -> RecalledAnswer | None:
     """The answer remembered under `key`, or None: the request is computed. Asked as the
     engine takes a request that qualifies (`reame_remember_answer`), before it waits for
     a slot; an answer returned is sent as the request's whole output at once, with every

@@ -90,7 +90,9 @@ class Committer:
         if group.answer_key is None:
             return False
         try:
-            answer = self.hook.reame_recall_answer(key=group.answer_key, model=self.info)
+            answer = self.hook.reame_recall_answer(
+                request=group.request, key=group.answer_key, model=self.info
+            )
         except Exception:  # a memory that fails to answer costs the computation, no more
             log.exception("recalling an answer failed; computing it")
             return False
@@ -116,7 +118,9 @@ class Committer:
             return
         answer = RecalledAnswer(result.tokens, result.text, result.finish_reason)
         try:
-            self.hook.reame_remember_answer(key=group.answer_key, answer=answer)
+            self.hook.reame_remember_answer(
+                request=group.request, key=group.answer_key, answer=answer
+            )
         except Exception:  # the answer is sent all the same
             log.exception("remembering an answer failed")
 

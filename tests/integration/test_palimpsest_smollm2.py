@@ -44,7 +44,8 @@ def archive_engine(
     plugin = Palimpsest()
     plugins = PluginHost(["prompt_lookup", "draft_model"], discover=False)
     plugins.register(plugin, "palimpsest")
-    settings = Settings(plugins={"palimpsest": {"dir": str(archive)}})
+    # Drafting is watched here: repeats are not answered from the remembered answers.
+    settings = Settings(plugins={"palimpsest": {"dir": str(archive), "recall": False}})
     plugins.hook.reame_configure(settings=settings, model=backend.info, hook=plugins.hook)
     assert plugin.archivist is not None and plugin.archivist.ready.wait(60)
     return make_engine(backend, speculate="on", plugins=plugins), plugin
@@ -71,10 +72,10 @@ def test_repeats_drafted_from_the_archive_follow_the_plain_path(
         assert_near_ties(plain, [r.candidates[0].tokens for r in run], VERIFY_FLIP_RATE_Q4_1)
 
 
-def serve(archive: Path, cache: Path) -> AbstractContextManager[str]:
+def serve(archive: Path, cache: Path, *flags: str) -> AbstractContextManager[str]:
     return reame_serve(
         "--parallel", "1", "--ctx", "1024", "--threads", "2", "--cache-dir", str(cache),
-        "--palimpsest-dir", str(archive), "--disable-plugin", "prompt_lookup",
+        "--palimpsest-dir", str(archive), "--disable-plugin", "prompt_lookup", *flags,
     )  # fmt: skip
 
 
@@ -91,13 +92,36 @@ def ask(url: str, text: str) -> dict[str, Any]:
 
 def test_a_second_server_process_drafts_from_the_firsts_archive(tmp_path: Path) -> None:
     archive = tmp_path / "archive"
-    with serve(archive, tmp_path / "first") as url:
+    with serve(archive, tmp_path / "first", "--palimpsest-no-recall") as url:
         first = [ask(url, text) for text in PRODUCTS]
     assert list((archive / "v1").glob("*/*.seg")), "the first server archived nothing"
 
-    with serve(archive, tmp_path / "second") as url:
+    with serve(archive, tmp_path / "second", "--palimpsest-no-recall") as url:
         second = [ask(url, text) for text in PRODUCTS]
 
     drafts = [reply["timings"].get("drafts", {}).get("palimpsest", {}) for reply in second]
     assert sum(d.get("accepted", 0) for d in drafts) > 0, drafts
     assert "palimpsest" not in first[0]["timings"].get("drafts", {})  # nothing archived yet
+
+
+def test_a_second_server_process_answers_a_repeat_from_the_firsts_memory(
+    tmp_path: Path,
+) -> None:
+    archive = tmp_path / "archive"
+    with serve(archive, tmp_path / "first") as url:
+        first = [ask(url, text) for text in PRODUCTS]
+        again = ask(url, PRODUCTS[0])  # the same process remembers too
+
+    with serve(archive, tmp_path / "second") as url:
+        second = [ask(url, text) for text in PRODUCTS]
+
+    assert all("recalled_n" not in reply["timings"] for reply in first)
+    for before, after in zip([first[0], *first], [again, *second], strict=True):
+        assert after["choices"][0]["message"] == before["choices"][0]["message"]
+        assert after["choices"][0]["finish_reason"] == before["choices"][0]["finish_reason"]
+        assert after["timings"]["recalled_n"] == after["usage"]["completion_tokens"]
+        assert after["timings"]["predicted_n"] == 0
+        assert (
+            after["usage"]["prompt_tokens_details"]["cached_tokens"]
+            == (after["usage"]["prompt_tokens"])
+        )

@@ -2,8 +2,8 @@
 
 The commands read the same settings as the server (flags, ``REAME_PLUGINS__PALIMPSEST__*``,
 the ``[plugins.palimpsest]`` table), so they look at the directory the server uses. They
-never load a model. `purge` deletes every record of every tokenizer; a running server
-forgets the purged records at its next poll of the directory.
+never load a model. `purge` deletes every record of every tokenizer and every remembered
+answer; a running server forgets the purged records at its next poll of the directory.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from reame_core.settings import Settings
-from reame_palimpsest import record_format, segments
+from reame_palimpsest import answers, record_format, segments
 from reame_palimpsest.settings import NAME, PalimpsestSettings
 
 
@@ -34,6 +34,14 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         metavar="BYTES",
         help="most disk the archive may take, e.g. 1GiB or 100MB; the oldest records go "
         "first (default: a twentieth of the free disk, at most 1 GiB)",
+    )
+    group.add_argument(
+        "--palimpsest-no-recall",
+        dest=f"plugins.{NAME}.recall",
+        action="store_const",
+        const=False,
+        help="compute every request, even one answered before (by default a greedy or seeded "
+        "request the server answered before is answered from the answer it kept)",
     )
     group.add_argument(
         "--palimpsest-no-record",
@@ -65,7 +73,11 @@ def palimpsest_command(
         return 0
     if args.action == "purge":
         deleted, size = segments.purge(root)
-        console.print(f"Deleted {deleted} segments ({_size(size)}) from {root}.")
+        files, answered = answers.purge(root)
+        console.print(
+            f"Deleted {deleted} segments ({_size(size)}) and {files} remembered answers "
+            f"({_size(answered)}) from {root}."
+        )
         return 0
     _print_stats(console, root, section)
     return 0
@@ -79,6 +91,12 @@ def _print_stats(console: Console, root: Any, section: PalimpsestSettings) -> No
     console.print(f"holds      {sum(u.segments for u in usages)} segments, {_size(held)}")
     console.print(f"budget     {_size(section.budget_bytes())} ({origin})")
     console.print(f"recording  {'on' if section.record else 'off'}")
+    files, size = answers.usage(root)
+    recall = "on" if section.recall else "off"
+    console.print(
+        f"answers    {files} kept, {_size(size)} of {_size(int(section.recall_budget))} "
+        f"(recall {recall})"
+    )
     table = Table(title="by tokenizer")
     for column in ("tokenizer", "segments", "size", "records", "tokens", "damaged", "newest"):
         table.add_column(column)

@@ -11,6 +11,12 @@ of its prompt and its whole output, as token ids, under its tokenizer's fingerpr
 recorded: a request that says ``"palimpsest": false`` (nor is it drafted for from the
 archive), or any request when the section says ``record = false``. The target model
 verifies every drafted token, as for every draft source.
+
+Whole answers too (`answers.py`, unless ``recall = false``): a request whose answer it
+alone fixes (`reame_core.engine.recall`) is kept under its key when it ends complete
+(`reame_remember_answer`), and the same request is answered from there after
+(`reame_recall_answer`), not computed. A request that says ``"palimpsest": false`` is
+neither kept nor answered from the shelf.
 """
 
 from __future__ import annotations
@@ -31,11 +37,13 @@ from reame_core.hooktypes import (
     DraftProposal,
     DraftRequest,
     ModelInfo,
+    RecalledAnswer,
     SequenceView,
 )
 from reame_core.request import GenerationRequest
 from reame_core.settings import Settings
 from reame_palimpsest import cli
+from reame_palimpsest.answers import AnswerShelf
 from reame_palimpsest.archive_index import ANCHORS, MAX_MATCH, draft
 from reame_palimpsest.archivist import Archivist
 from reame_palimpsest.settings import (
@@ -55,6 +63,7 @@ class Palimpsest:
     def __init__(self) -> None:
         self.settings = PalimpsestSettings.model_validate({})
         self.archivist: Archivist | None = None
+        self.shelf: AnswerShelf | None = None
         self.lookups = 0
         self.drafts = 0
         self.lookup_seconds = 0.0
@@ -104,6 +113,9 @@ class Palimpsest:
             poll_seconds=section.poll_seconds,
             anchors=anchors,
         )
+        if section.recall:
+            root = section.directory(settings.cache_path)
+            self.shelf = AnswerShelf(root, int(section.recall_budget))
 
     @hookimpl
     def reame_request_extensions(self) -> Mapping[str, str]:
@@ -120,13 +132,38 @@ class Palimpsest:
         """Wait until the generations finished so far are archived and indexed, and other
         processes' records read (tests, benchmarks, applications that exit right after a
         request); False on timeout."""
-        return self.archivist.flush(timeout_s) if self.archivist is not None else True
+        shelved = self.shelf.flush(timeout_s) if self.shelf is not None else True
+        return shelved and (self.archivist.flush(timeout_s) if self.archivist else True)
 
     @hookimpl
     def reame_shutdown(self) -> None:
         if self.archivist is not None:
             self.archivist.close()
             self.archivist = None
+        if self.shelf is not None:
+            self.shelf.close()
+            self.shelf = None
+
+    # ------------------------------------------------------------------ answers
+
+    @hookimpl
+    def reame_remember_answer(
+        self, request: GenerationRequest, key: str, answer: RecalledAnswer
+    ) -> None:
+        if (
+            self.shelf is not None
+            and self.settings.record
+            and request.extensions.get(FIELD) is not False
+        ):
+            self.shelf.remember(key, answer)
+
+    @hookimpl
+    def reame_recall_answer(
+        self, request: GenerationRequest, key: str, model: ModelInfo
+    ) -> RecalledAnswer | None:
+        if self.shelf is None or request.extensions.get(FIELD) is False:
+            return None
+        return self.shelf.recall(key)
 
     # ----------------------------------------------------------------- drafting
 
@@ -184,6 +221,8 @@ class Palimpsest:
             "lookup_us_mean": round(1e6 * self.lookup_seconds / max(1, self.lookups), 2),
             "not_recorded": self.not_recorded,
         }
+        if self.shelf is not None:
+            stats.update({f"answers_{k}": v for k, v in vars(self.shelf.counters).items()})
         if archivist is not None:
             stats["ready"] = archivist.ready.is_set()
             stats["index_tokens"] = archivist.index_tokens

@@ -6,7 +6,8 @@ Where the archive lives: `dir`, by default ``palimpsest`` under Reame's own dire
 `budget`, whose default comes from the host plan (`reame_disk_need`: a twentieth of the
 free disk, at most 1 GiB; `reame config` shows it): at a few bytes a token compressed, a
 gigabyte holds hundreds of millions of generated tokens, far more than a CPU host writes
-in months. `record = false` stops adding to it (lookups go on).
+in months. `record = false` stops adding to it (lookups go on). `recall`: whole answers are
+kept too, and a request the server answered before is answered from there (`answers.py`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,15 @@ class PalimpsestSettings(BaseModel):
         "most 1 GiB).",
     )
     record: bool = Field(True, description="Add finished generations to the archive.")
+    recall: bool = Field(
+        True,
+        description="Answer a request the server answered before, when the request alone "
+        "fixes its answer (greedy or seeded, deterministic configuration), from the answer "
+        "kept then instead of computing it again.",
+    )
+    recall_budget: ByteSize = Field(
+        ByteSize(64 << 20), ge=0, description="Most bytes the kept answers may take."
+    )
     prompt_tokens: int = Field(
         64, ge=0, le=4096, description="Tokens of the prompt's end kept before each output."
     )

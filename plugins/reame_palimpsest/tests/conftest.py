@@ -37,7 +37,10 @@ def start_archive(archive_dir: Path) -> Iterator[StartArchive]:
         archive = Palimpsest()
         host = PluginHost(OTHER_SOURCES, discover=False)
         host.register(archive, "palimpsest")
-        settings = Settings(plugins={"palimpsest": {"dir": str(archive_dir), **(section or {})}})
+        # Drafting is what most tests watch: a repeated request would otherwise be answered
+        # from the remembered answers, not drafted.
+        table = {"dir": str(archive_dir), "recall": False, **(section or {})}
+        settings = Settings(plugins={"palimpsest": table})
         host.hook.reame_configure(settings=settings, model=backend.info, hook=host.hook)
         assert archive.archivist is not None and archive.archivist.ready.wait(30)
         running = ArchivedEngine(Engine(backend, host, draft_max=16).start(), archive, backend)
