@@ -13,7 +13,8 @@ Workloads (single stream, greedy, chat prompts; the embedded SmolLM2-135M unless
   unrelated  20 general questions, the archive holding the product descriptions: with the
              archive against without (the cost of looking up and of drafts that miss).
 Configurations: `with` (built-in draft sources and the palimpsest plugin, the governor
-on auto) and `without` (the same, palimpsest disabled). Every pass runs in a fresh
+on auto; answers are not recalled whole, the drafting is measured: benchmarks/recall.py
+measures recall) and `without` (the same, palimpsest disabled). Every pass runs in a fresh
 process (a fresh Reame runtime, its own empty cache directory; the archive directory is
 the rep's). Each rep alternates with/without per workload; the figure is generated tokens
 per second of decoding (prompt time excluded), and ratios are medians of per-rep ratios.
@@ -109,7 +110,8 @@ def child(
             threads=threads,
             speculate="auto",
             cache_dir=Path(cache),
-            plugins={"palimpsest": {"dir": archive}},
+            # Drafting is measured: repeats are not answered whole from remembered answers.
+            plugins={"palimpsest": {"dir": archive, "recall": False}},
         )
         runtime = start_runtime(settings, plugins=plugins)
         if plugin.archivist is not None:  # steady state: the archive's index is loaded

@@ -329,11 +329,12 @@ def lookup(lab: Lab) -> Sample:
 def palimpsest(lab: Lab) -> Sample:
     """The same requests twice, each pass in a fresh process sharing the rep's archive:
     B, the first, without speculation (what it generates is archived); A, the second,
-    drafting from the archive (speculation auto)."""
+    drafting from the archive (speculation auto). Answers are not recalled whole: the
+    drafting is measured."""
     size = lab.trial.size
     runtime = lab.start(
         speculate="auto" if lab.trial.arm == "A" else "off",
-        plugins={"palimpsest": {"dir": lab.scratch("archive")}},
+        plugins={"palimpsest": {"dir": lab.scratch("archive"), "recall": False}},
     )
     try:
         _wait_ready(runtime, "palimpsest")
