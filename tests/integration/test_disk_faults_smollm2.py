@@ -81,8 +81,10 @@ def test_damaged_and_full_disk_leave_answers_unchanged_and_are_said_once(
     small_disk: Callable[..., SmallDisk], tmp_path: Path
 ) -> None:
     disk = small_disk(64 << 20)
+    # Recall off: the second server computes (and archives) what the first answered.
     flags = ["--kv-cache-dir", str(disk.path / "kv"), "--palimpsest-dir",
-             str(disk.path / "archive"), "--speculate", "off"]  # fmt: skip
+             str(disk.path / "archive"), "--speculate", "off",
+             "--palimpsest-no-recall"]  # fmt: skip
     port = free_port()
     with soak.reame_serve(port, flags, tmp_path / "cold.log"):
         cold = [ask(f"http://127.0.0.1:{port}", *pair) for pair in ASKED]

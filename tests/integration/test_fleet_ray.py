@@ -125,6 +125,19 @@ def test_a_replica_drafts_from_what_the_other_generated(fleet: Fleet) -> None:
     assert text_of(second) == text_of(first)
 
 
+def test_a_replica_recalls_what_the_other_answered(fleet: Fleet) -> None:
+    homes = fleet.sessions_on_two_replicas()
+    (a, on_a), (b, on_b) = homes.items()
+    question = "Which room holds the oldest map?"
+    first = fleet.chat(question, session=on_a, system=SYSTEM)
+    assert first.headers[REPLICA_HEADER] == a
+    time.sleep(1)  # the answer's file is written by A's shelf thread
+    second = fleet.chat(question, session=on_b, system=SYSTEM)
+    assert second.headers[REPLICA_HEADER] == b
+    assert second.json()["timings"].get("recalled_n", 0) > 0, second.json()["timings"]
+    assert text_of(second) == text_of(first)
+
+
 def test_answers_equal_a_single_servers(fleet: Fleet, tmp_path: Path) -> None:
     questions = ["Where is the old clock?", "Name a room of the museum."]
     from_fleet = [
