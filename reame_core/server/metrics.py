@@ -67,6 +67,11 @@ class EngineCollector(Collector):
         prompt.add_metric(["restored"], stats.restored_tokens)
         yield prompt
         yield _counter("reame_completion_tokens", "Tokens generated", stats.generated_tokens)
+        yield _counter(
+            "reame_recalled_requests",
+            "Requests answered from a remembered answer, not computed",
+            stats.recalled_requests,
+        )
         yield _counter("reame_decode_steps", "Decode steps (one batch each)", stats.decode_steps)
         yield _counter("reame_batch_tokens", "Tokens decoded across all steps", stats.batch_tokens)
         yield _counter("reame_decode_seconds", "Time spent in decode", stats.decode_seconds)

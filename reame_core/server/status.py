@@ -66,7 +66,11 @@ def status_report(server: ServerState, runtime: Runtime) -> dict[str, Any]:
             "drafted": sum(row["proposed"] for row in speculation["sources"]),
             "accepted": sum(row["accepted"] for row in speculation["sources"]),
         },
-        "requests": {"submitted": stats.requests_submitted, "finished": stats.requests_finished},
+        "requests": {
+            "submitted": stats.requests_submitted,
+            "finished": stats.requests_finished,
+            "recalled": stats.recalled_requests,
+        },
         "speculation": speculation,
         "plugins": plugin_counters(runtime),
         # The request fields enabled plugins handle: what the page may offer (a JSON

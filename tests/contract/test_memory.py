@@ -44,6 +44,7 @@ def test_a_repeated_request_is_answered_from_memory_with_the_same_output(
     again = engine.generate(asked(**params), lambda event: streamed.append(event.text))
 
     assert decodes(engine) == before
+    assert engine.stats.recalled_requests == 1
     assert again.candidates == first.candidates
     assert "".join(streamed) == first.candidates[0].text
     assert (

@@ -486,6 +486,7 @@ SERIES = (
     "reame_inter_token_latency_seconds_count",
     "reame_prompt_tokens_total",
     "reame_completion_tokens_total",
+    "reame_recalled_requests_total",
     "reame_queue_depth",
     "reame_active_sequences",
     "reame_decode_steps_total",
