@@ -260,5 +260,7 @@ reame_check_request = plugin.reame_check_request
 reame_shutdown = plugin.reame_shutdown
 reame_propose_drafts = plugin.reame_propose_drafts
 reame_generation_finished = plugin.reame_generation_finished
+reame_remember_answer = plugin.reame_remember_answer
+reame_recall_answer = plugin.reame_recall_answer
 reame_describe = plugin.reame_describe
 reame_collect_stats = plugin.reame_collect_stats

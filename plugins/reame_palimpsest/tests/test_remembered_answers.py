@@ -11,9 +11,11 @@ import pytest
 from palimpsest_testing import StartArchive
 
 from reame_core.hooktypes import RecalledAnswer
+from reame_core.plugins import PluginHost
 from reame_core.settings import Settings
 from reame_palimpsest import answers, cli
 from reame_palimpsest.answers import AnswerShelf
+from reame_palimpsest.plugin import Palimpsest
 
 PROMPT = "Tag this order for the night batch: 12 lanterns, brass, harbour office."
 ANSWER = RecalledAnswer((5, 6, 7), "brass lanterns", "stop")
@@ -97,6 +99,17 @@ def test_a_leftover_temporary_file_is_neither_counted_nor_read(tmp_path: Path) -
         assert shelf.recall(KEY) is None
     finally:
         shelf.close()
+
+
+def test_the_installed_plugin_exports_every_hook_its_class_implements() -> None:
+    from reame_palimpsest import plugin as module
+
+    hooks = [name for name in dir(Palimpsest) if name.startswith("reame_")]
+    installed = PluginHost()
+
+    assert [name for name in hooks if not hasattr(module, name)] == []
+    assert installed.has_implementations("reame_recall_answer")
+    assert installed.has_implementations("reame_remember_answer")
 
 
 def test_a_repeated_request_is_recalled_not_computed(start_archive: StartArchive) -> None:
