@@ -84,6 +84,8 @@ class Result:
     cached_tokens: int
     replica: str
     ok: bool = True
+    session: str | None = None  # None: a one-shot question
+    turn: int = 0
 
 
 @dataclass
@@ -110,7 +112,7 @@ def run_job(url: str, job: Job, results: list[Result], lock: threading.Lock) -> 
     messages: list[dict[str, str]] = [{"role": "system", "content": job.system}]
     headers = {"X-Session-ID": job.session} if job.session else {}
     with httpx.Client(timeout=300) as client:
-        for question in job.questions:
+        for turn, question in enumerate(job.questions):
             messages.append({"role": "user", "content": question})
             body = {
                 "messages": messages,
@@ -144,6 +146,8 @@ def run_job(url: str, job: Job, results: list[Result], lock: threading.Lock) -> 
                 cached_tokens=int(usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)),
                 replica=replica,
                 ok=ttft is not None and bool(usage),
+                session=job.session,
+                turn=turn,
             )
             with lock:
                 results.append(result)

@@ -272,6 +272,7 @@ class Choice:
     ranked: list[str]
     reason: str
     reused_chars: int = 0
+    costs: Mapping[str, float] = field(default_factory=dict)  # by replica, when priced
 
 
 class FleetAffinity:
@@ -309,6 +310,7 @@ class FleetAffinity:
         self._rng = rng or random.Random()
         self._clock = clock
         self._routings = 0
+        self._completions_seen = False
 
     # ------------------------------------------------------------ membership
 
@@ -351,8 +353,15 @@ class FleetAffinity:
 
     def set_queue(self, replica_id: str, queued_and_running: int) -> None:
         """A fresher count of a replica's requests (Serve's queue-length cache, which
-        counts each request sent and each completed)."""
-        for work in self.replica(replica_id).settle(queued_and_running):
+        counts each request sent and each completed, and takes the replica's own count
+        now and then — one that may predate requests sent since). Once Serve has reported
+        a completion, it reports them all: the count then only reveals requests that are
+        not this router's. Before, it also settles which of this router's have finished."""
+        view = self.replica(replica_id)
+        if self._completions_seen:
+            view.others = max(0, queued_and_running - len(view.backlog))
+            return
+        for work in view.settle(queued_and_running):
             self.sessions.turn_over(work.session)
 
     # ---------------------------------------------------------------- routing
@@ -401,7 +410,7 @@ class FleetAffinity:
             reason = "prefix" if resident >= cached[top] else "disk"
         else:
             reason = "home" if top == home and home_depth else "spread"
-        return Choice(order, reason, int(cached[top] * self.chunk_chars))
+        return Choice(order, reason, int(cached[top] * self.chunk_chars), cost)
 
     def _session_host(self, session: str | None, live: Sequence[str]) -> str | None:
         """The replica keeping `session`'s conversation pinned in a slot, if it is among
@@ -525,6 +534,7 @@ class FleetAffinity:
     def completed(self, replica_id: str, request: Hashable) -> None:
         """The request finished: its work leaves the replica's backlog, its prompt stays in
         a slot there."""
+        self._completions_seen = True
         view = self.replicas.get(replica_id)
         work = view.backlog.complete(request, self._clock()) if view is not None else None
         if view is not None and work is not None:

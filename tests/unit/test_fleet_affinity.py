@@ -7,6 +7,7 @@ import random
 
 from reame_core.fleet.affinity import (
     CHUNK_CHARS,
+    UNKNOWN_REQUEST_CHUNKS,
     FleetAffinity,
     PrefixSet,
     RoutingStats,
@@ -505,3 +506,15 @@ def test_a_replica_reports_its_pinned_conversation_while_other_prompts_pass() ->
     served.served(SYSTEM_B)
     served.served("C" * 1000)
     assert served.report(0, 0).resident == [prefix_chain(conversation), prefix_chain("C" * 1000)]
+
+
+def test_a_stale_count_does_not_end_requests_once_completions_are_reported() -> None:
+    affinity = fleet("r1", "r2")
+    affinity.routed("r1", "warm " * 100, request="warm")
+    affinity.completed("r1", "warm")  # Serve reports completions
+    affinity.routed("r1", "z" * 2560, request="cold")  # 21 chunks of work
+    affinity.set_queue("r1", 0)  # a count taken before the request arrived
+    view = affinity.replica("r1")
+    assert view.ahead(0.0) == 21.0 and view.others == 0
+    affinity.set_queue("r1", 3)  # two requests of another router
+    assert view.ahead(0.0) == 21.0 + 2 * UNKNOWN_REQUEST_CHUNKS
