@@ -257,12 +257,14 @@ class ReplicaView:
 
 @dataclass(frozen=True)
 class Displaced:
-    """A live session whose pinned slot a request would take, the chance it does, and the
-    chunks its next turn would then compute again."""
+    """A live session whose pinned slot a request would take, the chance it does, the
+    chunks its next turn would then compute again, and whether the request takes the slot
+    as it arrives (rather than unpinning it, or taking it later if a slot frees there)."""
 
     session: str
     chance: float
     recompute: float
+    at_once: bool = False
 
 
 @dataclass(frozen=True)
@@ -413,15 +415,14 @@ class FleetAffinity:
         return Choice(order, reason, int(cached[top] * self.chunk_chars), cost)
 
     def _session_host(self, session: str | None, live: Sequence[str]) -> str | None:
-        """The replica keeping `session`'s conversation pinned in a slot, if it is among
+        """The replica whose slots still hold `session`'s conversation, if it is among
         `live`. A session whose slot was taken goes where its cost is lowest, like any
         request: its conversation is no longer anywhere."""
         place = self.sessions.get(session)
-        if place is None or place.replica not in live:
+        if place is None or not place.kept or place.replica not in live:
             return None
         view = self.replica(place.replica)
-        pinned = self.sessions.pinned(place.replica, view.slots)
-        return place.replica if any(s == session for s, _ in pinned) else None
+        return place.replica if view.resident(place.chain) >= len(place.chain) else None
 
     def _cached(self, view: ReplicaView, chain: Sequence[bytes], on_disk: int) -> float:
         """Chunks of `chain` the replica need not compute: held in a slot, or restored."""
@@ -452,15 +453,18 @@ class FleetAffinity:
         running = [(s, p) for s, p in others if p.turns_in_flight]
         idle = [(s, p) for s, p in others if not p.turns_in_flight]
         unpinned_busy = view.ongoing - sum(p.turns_in_flight for _, p in pinned)
+        at_once = False
         if unpinned_busy < view.slots - len(pinned):
             if session is None or mine or len(pinned) < pinnable(view.slots):
                 return []
             victims, chance = others[-1:], 1.0
         elif idle:
-            victims, chance = idle[-1:], 1.0
+            victims, chance, at_once = idle[-1:], 1.0, True
         else:
             victims, chance = running, 1.0 / max(1, view.ongoing)
-        return [Displaced(s, chance, self._recompute(view, p, chain, now)) for s, p in victims]
+        return [
+            Displaced(s, chance, self._recompute(view, p, chain, now), at_once) for s, p in victims
+        ]
 
     def _recompute(
         self, view: ReplicaView, place: SessionPlace, taker: Sequence[bytes], now: float
@@ -503,7 +507,7 @@ class FleetAffinity:
         view.last_routed = self._routings
         chain = prefix_chain(text, self.chunk_chars)
         for displaced in self._displaced(replica_id, chain, session, now):
-            if displaced.chance >= 1.0:
+            if displaced.at_once:
                 self._lose(displaced.session)
         cached = self._cached(view, chain, self.shared.matched(chain))
         work = Work(chain, len(chain) - cached + DECODE_CHUNKS, session)

@@ -518,3 +518,17 @@ def test_a_stale_count_does_not_end_requests_once_completions_are_reported() -> 
     assert view.ahead(0.0) == 21.0 and view.others == 0
     affinity.set_queue("r1", 3)  # two requests of another router
     assert view.ahead(0.0) == 21.0 + 2 * UNKNOWN_REQUEST_CHUNKS
+
+
+def test_a_session_unpinned_by_a_newer_one_stays_while_its_slot_holds_it() -> None:
+    affinity = fleet("r1", "r2", slots=2)
+    old = SYSTEM_A + "user: first question"
+    affinity.routed("r1", old, session="old", request=1)
+    affinity.completed("r1", 1)
+    affinity.routed("r1", SYSTEM_B + "user: hello", session="new", request=2)
+    affinity.completed("r1", 2)  # the engine unpins "old"; its slot still holds it
+    assert affinity.rank(["r1", "r2"], old + "more", session="old").reason == "session"
+    for n, prompt in enumerate(("C" * 1000, "D" * 1000)):
+        affinity.routed("r1", prompt, request=3 + n)
+        affinity.completed("r1", 3 + n)
+    assert affinity.rank(["r1", "r2"], old + "more", session="old").reason != "session"
