@@ -58,15 +58,15 @@ class Fleet:
         where it would unpin a live conversation, and the second of a pair off the replica
         computing the first."""
         homes: dict[str, str] = {}
+
+        def start(session: str, replies: dict[str, httpx.Response]) -> None:
+            message = f"Hello, I am {session}. " + "I like old maps and bells. " * 30
+            replies[session] = self.chat(message, session=session, max_tokens=1)
+
         for i in range(10):
             pair = [f"probe-{i}-{n}-{time.monotonic_ns()}" for n in range(2)]
             replies: dict[str, httpx.Response] = {}
-
-            def start(session: str) -> None:
-                message = f"Hello, I am {session}. " + "I like old maps and bells. " * 30
-                replies[session] = self.chat(message, session=session, max_tokens=1)
-
-            threads = [threading.Thread(target=start, args=(session,)) for session in pair]
+            threads = [threading.Thread(target=start, args=(s, replies)) for s in pair]
             for thread in threads:
                 thread.start()
             for thread in threads:
