@@ -17,7 +17,8 @@ cached token and bytes written per computed prompt, and the router's state size.
     .venv/bin/python benchmarks/fleet.py [--reps 1] [--routers reame,pow2,prefix]
 
 Ray's workers import `reame_core` as installed, not from the current directory: to measure
-another checkout of Reame, put it first on PYTHONPATH.
+another checkout of Reame, put it first on PYTHONPATH, with its four plugin directories
+(plugins/reame_*): an installed plugin newer than the checkout's core fails to register.
 """
 
 from __future__ import annotations
