@@ -17,7 +17,8 @@ cached token and bytes written per computed prompt, and the router's state size.
     .venv/bin/python benchmarks/fleet.py [--reps 1] [--routers reame,pow2,prefix]
 
 Ray's workers import `reame_core` as installed, not from the current directory: to measure
-another checkout of Reame, put it first on PYTHONPATH.
+another checkout of Reame, put it first on PYTHONPATH, with its four plugin directories
+(plugins/reame_*): an installed plugin newer than the checkout's core fails to register.
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ class Result:
     cached_tokens: int
     replica: str
     ok: bool = True
+    session: str | None = None  # None: a one-shot question
+    turn: int = 0
 
 
 @dataclass
@@ -110,7 +113,7 @@ def run_job(url: str, job: Job, results: list[Result], lock: threading.Lock) -> 
     messages: list[dict[str, str]] = [{"role": "system", "content": job.system}]
     headers = {"X-Session-ID": job.session} if job.session else {}
     with httpx.Client(timeout=300) as client:
-        for question in job.questions:
+        for turn, question in enumerate(job.questions):
             messages.append({"role": "user", "content": question})
             body = {
                 "messages": messages,
@@ -144,6 +147,8 @@ def run_job(url: str, job: Job, results: list[Result], lock: threading.Lock) -> 
                 cached_tokens=int(usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)),
                 replica=replica,
                 ok=ttft is not None and bool(usage),
+                session=job.session,
+                turn=turn,
             )
             with lock:
                 results.append(result)
@@ -260,7 +265,8 @@ def replica_counters(url: str, replicas: int) -> dict[str, dict[str, float]]:
 def router_scale(replicas: int, prompts_per_replica: int, sessions: int) -> dict[str, Any]:
     """The router's memory and time per decision for a large fleet, on synthetic state:
     every replica's slots full of distinct prompts, each also in flight and homed there,
-    the shared set holding them all, `sessions` live."""
+    the shared set holding them all, `sessions` live, each with a conversation of about
+    1,700 characters."""
     import tracemalloc
 
     from reame_core.fleet.affinity import FleetAffinity, RoutingStats, prefix_chain
@@ -281,7 +287,8 @@ def router_scale(replicas: int, prompts_per_replica: int, sessions: int) -> dict
         for text in texts:
             affinity.routed(f"r{r}", text)
     for s in range(sessions):
-        affinity.sessions[f"session-{s:08d}"] = f"r{s % replicas}"
+        conversation = prefix_chain(f"session {s}, a conversation of a few turns " * 40)
+        affinity.sessions.turn(f"session-{s:08d}", f"r{s % replicas}", conversation, 0.0)
     size = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()
     ids = [f"r{r}" for r in range(replicas)]

@@ -11,8 +11,9 @@ What the router knows of each replica (`ReplicaView`):
 - the prompts its slots hold (`held`, as many as it has slots, most recent last): learned
   at once from each request routed there, and replaced, every few seconds, by what the
   replica itself reports (`record_routing_stats`); the prompts of its requests in flight;
-- the work in flight there: each request the router sent it, priced at the prompt chunks
-  it had to compute, until it completes.
+- the work in flight there (`Backlog`): each request the router sent it, priced at the
+  prompt chunks it had to compute, until it completes, drained meanwhile at the rate the
+  replica was measured to compute at.
 
 What it knows of the fleet: the prefixes written to the shared disk prefix cache
 (`shared`), which any replica restores in a fraction of the time a prefill takes; a prefix
@@ -22,8 +23,10 @@ replica's report names only those, so without a home a prefix evicted everywhere
 on any replica, and every replica's slots would cycle through every prefix of the fleet.
 With one, each replica's slots serve a stable share of the prefixes.
 
-And which replica each session (`X-Session-ID`, `session_id`) lives on: a session's later
-turns go where its KV is, as long as that replica lives.
+And which replica each session (`X-Session-ID`, `session_id`) lives on (`SessionBook`): a
+session's later turns go where its KV is, as long as that replica lives and keeps it pinned;
+a request that would take a live session's pinned slot pays for that conversation's
+recompute.
 
 `FleetAffinity.rank` turns this into an order of preference. Serve's request router then
 sends the request to the first replica in that order with room (`max_ongoing_requests`).
@@ -34,10 +37,14 @@ from __future__ import annotations
 import hashlib
 import itertools
 import random
+import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from reame_core.fleet.backlog import Backlog, Work
+from reame_core.fleet.sessions import SessionBook, SessionPlace, pinnable
 
 CHUNK_CHARS = 128
 # A prefix on the shared disk is worth this much of a resident one: restoring 600 tokens of
@@ -51,7 +58,6 @@ DECODE_CHUNKS = 1.0
 # A request the router did not send (another ingress's, or one it lost track of), priced
 # at about half a cold 500-token prompt.
 UNKNOWN_REQUEST_CHUNKS = 8.0
-_TRACKED = 256  # requests in flight remembered per replica (completions may go missing)
 HASH_BYTES = 8
 
 
@@ -188,14 +194,6 @@ class RoutingStats:
 
 
 @dataclass
-class Work:
-    """A request in flight on a replica: its prompt, and the chunks it had to compute."""
-
-    chain: list[bytes]
-    chunks: float
-
-
-@dataclass
 class ReplicaView:
     """The router's picture of one replica."""
 
@@ -204,48 +202,69 @@ class ReplicaView:
     serial: int = -1
     held: list[list[bytes]] = field(default_factory=list)  # least recently used first
     routed_since_report: list[list[bytes]] = field(default_factory=list)
-    in_flight: OrderedDict[Hashable, Work] = field(default_factory=OrderedDict)
+    backlog: Backlog = field(default_factory=Backlog)
     others: int = 0  # requests in flight that this router did not send
     last_routed: int = 0  # when the router last sent it a request (a routing count)
 
     @property
     def ongoing(self) -> int:
-        return len(self.in_flight) + self.others
+        return len(self.backlog) + self.others
 
     @property
     def load(self) -> int:
         """Requests that must finish before a new one gets a slot: 0 while one is free."""
         return max(0, self.ongoing - self.slots + 1)
 
-    @property
-    def backlog(self) -> float:
-        """Chunks of work ahead of a new request. The engine computes prompts in the order
-        they came, so a new prompt waits for the ones in flight, cold or not."""
-        return sum(w.chunks for w in self.in_flight.values()) + (
-            self.others * UNKNOWN_REQUEST_CHUNKS
-        )
+    def ahead(self, now: float) -> float:
+        """Chunks of prompt work a new request waits for here: the engine computes prompts
+        in the order they came, so a new prompt waits for what is left of those in flight,
+        cold or not."""
+        return self.backlog.remaining(now) + self.others * UNKNOWN_REQUEST_CHUNKS
 
-    def hold(self, chain: list[bytes]) -> None:
-        """`chain` took a slot: the least recently used prompt beyond the slots is gone,
-        and so is a prompt it extends (the earlier turn of the same conversation)."""
+    def hold(self, chain: list[bytes], pinned: Collection[bytes] = ()) -> None:
+        """`chain` took a slot: the least recently used prompt beyond the slots is gone
+        (not one whose tail is in `pinned`: a session's slot is taken last), and so is a
+        prompt it extends (the earlier turn of the same conversation)."""
         if not chain:
             return
         self.held = [c for c in self.held if c[-1] not in chain]  # chained: c is a prefix
         self.held.append(chain)
-        del self.held[: -self.slots]
+        while len(self.held) > self.slots:
+            victim = next((c for c in self.held if c[-1] not in pinned), self.held[0])
+            self.held.remove(victim)
 
-    def resident(self, chain: Sequence[bytes]) -> int:
-        """Leading chunks of `chain` in this replica's slots (held, or being computed)."""
-        prompts = itertools.chain(self.held, (w.chain for w in self.in_flight.values()))
-        return max((shared_chunks(chain, p) for p in prompts), default=0)
+    def drop(self, chain: Sequence[bytes]) -> None:
+        """A request took the slot holding `chain`."""
+        self.held = [c for c in self.held if c[-1] != chain[-1]]
 
-    def settle(self, ongoing: int) -> None:
+    def resident(self, chain: Sequence[bytes], besides: Sequence[bytes] = ()) -> int:
+        """Leading chunks of `chain` in this replica's slots (held, or being computed),
+        not counting the prompt `besides` itself."""
+        prompts = itertools.chain(self.held, (w.chain for w in self.backlog.in_flight.values()))
+        skip = besides[-1] if besides else None
+        return max((shared_chunks(chain, p) for p in prompts if p and p[-1] != skip), default=0)
+
+    def settle(self, ongoing: int) -> list[Work]:
         """A fresh count of the replica's requests: requests the router counts beyond it
-        have finished unnoticed (the oldest, most likely); requests beyond the router's
-        are someone else's."""
-        while len(self.in_flight) > ongoing:
-            self.in_flight.popitem(last=False)
-        self.others = ongoing - len(self.in_flight)
+        have finished unnoticed (the oldest, most likely), and are returned; requests
+        beyond the router's are someone else's."""
+        gone = []
+        while len(self.backlog) > ongoing:
+            gone.append(self.backlog.drop_oldest())
+        self.others = ongoing - len(self.backlog)
+        return gone
+
+
+@dataclass(frozen=True)
+class Displaced:
+    """A live session whose pinned slot a request would take, the chance it does, the
+    chunks its next turn would then compute again, and whether the request takes the slot
+    as it arrives (rather than unpinning it, or taking it later if a slot frees there)."""
+
+    session: str
+    chance: float
+    recompute: float
+    at_once: bool = False
 
 
 @dataclass(frozen=True)
@@ -255,17 +274,19 @@ class Choice:
     ranked: list[str]
     reason: str
     reused_chars: int = 0
+    costs: Mapping[str, float] = field(default_factory=dict)  # by replica, when priced
 
 
 class FleetAffinity:
     """Routing state for one deployment's replicas. Not thread-safe: one router owns it
     (Serve runs a router's methods on one event loop).
 
-    A request's cost on a replica, in chunks of prompt computed: the backlog there, plus
-    twice the chunks the request itself must compute (once as its own wait, once as the
-    wait it adds for every request after it), less `home_weight` of the prefix if the
-    replica is its home. Lowest cost first: a prefix held on a replica keeps its requests
-    unless the backlog there outweighs computing it elsewhere."""
+    A request's cost on a replica, in chunks of prompt computed, stands for the time to its
+    first token there plus what it costs others: the prompt work still ahead of it there,
+    plus the chunks it must compute itself (once), plus the recompute of any live session
+    whose pinned slot it would take, less `home_weight` of the prefix if the replica is
+    its home. Lowest cost first: a prefix held on a replica keeps its requests unless the
+    work ahead there outweighs computing it elsewhere."""
 
     def __init__(
         self,
@@ -278,18 +299,20 @@ class FleetAffinity:
         home_weight: float = HOME_WEIGHT,
         chunk_chars: int = CHUNK_CHARS,
         rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.chunk_chars = chunk_chars
         self.imbalance = imbalance
         self.disk_weight = disk_weight
         self.home_weight = home_weight
-        self._max_sessions = max_sessions
         self.replicas: dict[str, ReplicaView] = {}
         self.shared = PrefixSet(shared_capacity)
         self.homes = PrefixHomes(homes_capacity)
-        self.sessions: OrderedDict[str, str] = OrderedDict()
+        self.sessions = SessionBook(max_sessions)
         self._rng = rng or random.Random()
+        self._clock = clock
         self._routings = 0
+        self._completions_seen = False
 
     # ------------------------------------------------------------ membership
 
@@ -308,8 +331,7 @@ class FleetAffinity:
     def forget(self, replica_id: str) -> None:
         self.replicas.pop(replica_id, None)
         self.homes.release(replica_id)
-        for session in [s for s, r in self.sessions.items() if r == replica_id]:
-            del self.sessions[session]
+        self.sessions.forget_replica(replica_id)
 
     # ---------------------------------------------------------------- reports
 
@@ -322,18 +344,27 @@ class FleetAffinity:
         view.serial = stats.serial
         view.slots, view.shared_cache = stats.slots, stats.shared_cache
         view.held = []
+        pinned = self._pinned_tails(replica_id)
         for chain in [*stats.resident, *view.routed_since_report]:
-            view.hold(chain)
+            view.hold(chain, pinned)
         view.routed_since_report.clear()
         # The count may predate requests sent since: it adds requests, never drops them.
-        view.others = max(0, stats.queued + stats.running - len(view.in_flight))
+        view.others = max(0, stats.queued + stats.running - len(view.backlog))
         if stats.shared_cache:
             self.shared.add(stats.stored)
 
     def set_queue(self, replica_id: str, queued_and_running: int) -> None:
         """A fresher count of a replica's requests (Serve's queue-length cache, which
-        counts each request sent and each completed)."""
-        self.replica(replica_id).settle(queued_and_running)
+        counts each request sent and each completed, and takes the replica's own count
+        now and then — one that may predate requests sent since). Once Serve has reported
+        a completion, it reports them all: the count then only reveals requests that are
+        not this router's. Before, it also settles which of this router's have finished."""
+        view = self.replica(replica_id)
+        if self._completions_seen:
+            view.others = max(0, queued_and_running - len(view.backlog))
+            return
+        for work in view.settle(queued_and_running):
+            self.sessions.turn_over(work.session)
 
     # ---------------------------------------------------------------- routing
 
@@ -342,10 +373,10 @@ class FleetAffinity:
         if not candidates:
             return Choice([], "none")
         live = list(candidates)
-        if session is not None and self.sessions.get(session) in live:
-            host = self.sessions[session]
-            self.sessions.move_to_end(session)
-            rest = sorted((r for r in live if r != host), key=lambda r: self.replica(r).backlog)
+        now = self._clock()
+        host = self._session_host(session, live)
+        if host is not None:
+            rest = sorted((r for r in live if r != host), key=lambda r: self.replica(r).ahead(now))
             return Choice([host, *rest], "session")
         loads = {r: self.replica(r).load for r in live}
         if max(loads.values()) - min(loads.values()) > self.imbalance:
@@ -360,8 +391,9 @@ class FleetAffinity:
         home, home_depth = self.homes.home(chain)
         cached = {r: self._cached(self.replica(r), chain, on_disk) for r in live}
         cost = {
-            r: self.replica(r).backlog
-            + 2 * (len(chain) - cached[r] + DECODE_CHUNKS)
+            r: self.replica(r).ahead(now)
+            + (len(chain) - cached[r] + DECODE_CHUNKS)
+            + sum(d.chance * d.recompute for d in self._displaced(r, chain, session, now))
             - (self._home_bonus(self.replica(r), home_depth, on_disk) if r == home else 0.0)
             for r in live
         }
@@ -380,7 +412,17 @@ class FleetAffinity:
             reason = "prefix" if resident >= cached[top] else "disk"
         else:
             reason = "home" if top == home and home_depth else "spread"
-        return Choice(order, reason, int(cached[top] * self.chunk_chars))
+        return Choice(order, reason, int(cached[top] * self.chunk_chars), cost)
+
+    def _session_host(self, session: str | None, live: Sequence[str]) -> str | None:
+        """The replica whose slots still hold `session`'s conversation, if it is among
+        `live`. A session whose slot was taken goes where its cost is lowest, like any
+        request: its conversation is no longer anywhere."""
+        place = self.sessions.get(session)
+        if place is None or not place.kept or place.replica not in live:
+            return None
+        view = self.replica(place.replica)
+        return place.replica if view.resident(place.chain) >= len(place.chain) else None
 
     def _cached(self, view: ReplicaView, chain: Sequence[bytes], on_disk: int) -> float:
         """Chunks of `chain` the replica need not compute: held in a slot, or restored."""
@@ -392,6 +434,58 @@ class FleetAffinity:
         not restore from the shared disk (there, every replica is nearly as good)."""
         restorable = on_disk if view.shared_cache else 0
         return self.home_weight * max(0, home_depth - restorable)
+
+    def _displaced(
+        self, replica_id: str, chain: Sequence[bytes], session: str | None, now: float
+    ) -> list[Displaced]:
+        """The live sessions whose pinned slot on `replica_id` a request with prompt
+        `chain` (a turn of `session`, if given) would take, as the engine hands out slots:
+        - a free unpinned slot: none, unless the request is a turn of a session new there
+          and every pin is taken: once done, it unpins the least recent session;
+        - else an idle pinned slot, if any: the least recent such session's, at once;
+        - else it waits for the next slot freed, as likely a session's as any other."""
+        view = self.replica(replica_id)
+        pinned = self.sessions.pinned(replica_id, view.slots)
+        mine = any(s == session for s, _ in pinned)
+        others = [(s, p) for s, p in pinned if s != session]
+        if not others:
+            return []
+        running = [(s, p) for s, p in others if p.turns_in_flight]
+        idle = [(s, p) for s, p in others if not p.turns_in_flight]
+        unpinned_busy = view.ongoing - sum(p.turns_in_flight for _, p in pinned)
+        at_once = False
+        if unpinned_busy < view.slots - len(pinned):
+            if session is None or mine or len(pinned) < pinnable(view.slots):
+                return []
+            victims, chance = others[-1:], 1.0
+        elif idle:
+            victims, chance, at_once = idle[-1:], 1.0, True
+        else:
+            victims, chance = running, 1.0 / max(1, view.ongoing)
+        return [
+            Displaced(s, chance, self._recompute(view, p, chain, now), at_once) for s, p in victims
+        ]
+
+    def _recompute(
+        self, view: ReplicaView, place: SessionPlace, taker: Sequence[bytes], now: float
+    ) -> float:
+        """Chunks a session's next turn computes again once its slot is gone: its
+        conversation, less what stays cached of it — in the prompt that took its slot,
+        in another slot, or on the shared disk; nothing if it is not coming back."""
+        if not self.sessions.live(place, now):
+            return 0.0
+        conversation = place.chain
+        kept = max(
+            shared_chunks(conversation, taker),
+            view.resident(conversation, besides=conversation),
+            self.shared.matched(conversation) * self.disk_weight if view.shared_cache else 0,
+        )
+        return max(0.0, len(conversation) - kept)
+
+    def _pinned_tails(self, replica_id: str) -> set[bytes]:
+        view = self.replica(replica_id)
+        pinned = self.sessions.pinned(replica_id, view.slots)
+        return {p.chain[-1] for _, p in pinned if p.chain}
 
     def least_recently_routed(self, candidates: Sequence[str]) -> list[str]:
         return sorted(candidates, key=lambda r: self.replica(r).last_routed)
@@ -405,31 +499,48 @@ class FleetAffinity:
     ) -> None:
         """Record that a request went to `replica_id`: its prompt will be in that
         replica's slots, its work in flight there until `completed(replica_id, request)`,
-        its prefix homed there if it had no home, and its session lives there from now on."""
+        its prefix homed there if it had no home, any session whose pinned slot it takes
+        no longer kept there, and its session lives there from now on."""
         view = self.replica(replica_id)
+        now = self._clock()
         self._routings += 1
         view.last_routed = self._routings
         chain = prefix_chain(text, self.chunk_chars)
+        for displaced in self._displaced(replica_id, chain, session, now):
+            if displaced.at_once:
+                self._lose(displaced.session)
         cached = self._cached(view, chain, self.shared.matched(chain))
-        work = Work(chain, len(chain) - cached + DECODE_CHUNKS)
-        view.in_flight[request if request is not None else ("unnamed", self._routings)] = work
-        while len(view.in_flight) > _TRACKED:
-            view.in_flight.popitem(last=False)
+        work = Work(chain, len(chain) - cached + DECODE_CHUNKS, session)
+        key = request if request is not None else ("unnamed", self._routings)
+        for forgotten in view.backlog.add(key, work, now):
+            self.sessions.turn_over(forgotten.session)
+        if session is not None:
+            self.sessions.turn(session, replica_id, chain, now)
         if chain:
-            view.hold(chain)
+            view.hold(chain, self._pinned_tails(replica_id))
             view.routed_since_report.append(chain)
             del view.routed_since_report[: -view.slots]
             self.homes.claim(chain, replica_id)
-        if session is not None:
-            self.sessions[session] = replica_id
-            self.sessions.move_to_end(session)
-            while len(self.sessions) > self._max_sessions:
-                self.sessions.popitem(last=False)
+
+    def _lose(self, session: str) -> None:
+        """A request takes `session`'s pinned slot: its conversation leaves that replica."""
+        place = self.sessions.get(session)
+        if place is None:
+            return
+        place.kept = False
+        if place.chain:
+            view = self.replica(place.replica)
+            view.drop(place.chain)
+            view.routed_since_report = [
+                c for c in view.routed_since_report if c[-1] != place.chain[-1]
+            ]
 
     def completed(self, replica_id: str, request: Hashable) -> None:
         """The request finished: its work leaves the replica's backlog, its prompt stays in
         a slot there."""
+        self._completions_seen = True
         view = self.replicas.get(replica_id)
-        work = view.in_flight.pop(request, None) if view is not None else None
+        work = view.backlog.complete(request, self._clock()) if view is not None else None
         if view is not None and work is not None:
-            view.hold(work.chain)
+            self.sessions.turn_over(work.session)
+            view.hold(work.chain, self._pinned_tails(replica_id))

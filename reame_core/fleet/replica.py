@@ -22,6 +22,7 @@ from reame_core.fleet.forwarding import (
     ReplyStart,
     exchange,
 )
+from reame_core.fleet.sessions import pinnable
 from reame_core.runtime import Runtime, start_runtime
 from reame_core.server.app import create_app
 from reame_core.server.service import ServerState
@@ -37,8 +38,9 @@ REPORTED_STORED = 64
 
 class ServedPrefixes:
     """A replica's record of the prompts it computed: the last `slots` of them are what its
-    slots hold (sessions included); with a shared disk cache, the recent ones are there for
-    every replica to restore."""
+    slots hold, except that the engine keeps the slots of its most recent sessions pinned
+    (`pinnable`), so their conversations stay while other prompts pass; with a shared
+    disk cache, the recent ones are there for every replica to restore."""
 
     def __init__(self, slots: int, shared_cache: bool, chunk_chars: int = CHUNK_CHARS) -> None:
         self.slots = slots
@@ -46,18 +48,26 @@ class ServedPrefixes:
         self.chunk_chars = chunk_chars
         self._resident: OrderedDict[bytes, list[bytes]] = OrderedDict()
         self._recent_stored: OrderedDict[bytes, list[bytes]] = OrderedDict()
+        self._sessions: OrderedDict[str, bytes] = OrderedDict()  # session -> its prompt's tail
         self._serial = 0
         self._lock = threading.Lock()
 
-    def served(self, text: str, stored_chars: int | None = None) -> None:
-        """A prompt computed here; the disk prefix cache keeps its first `stored_chars`
-        (all of it by default)."""
+    def served(
+        self, text: str, stored_chars: int | None = None, session: str | None = None
+    ) -> None:
+        """A prompt computed here, a turn of `session` if given; the disk prefix cache
+        keeps its first `stored_chars` (all of it by default)."""
         chain = prefix_chain(text, self.chunk_chars)
         if not chain:
             return
         stored = chain if stored_chars is None else chain[: stored_chars // self.chunk_chars]
         with self._lock:
-            _remember(self._resident, chain, self.slots)
+            if session is not None:
+                self._sessions[session] = chain[-1]
+                self._sessions.move_to_end(session)
+                while len(self._sessions) > pinnable(self.slots):
+                    self._sessions.popitem(last=False)
+            _remember(self._resident, chain, self.slots, keep=set(self._sessions.values()))
             if self.shared_cache and stored:
                 _remember(self._recent_stored, stored, REPORTED_STORED)
 
@@ -75,13 +85,22 @@ class ServedPrefixes:
             )
 
 
-def _remember(memory: OrderedDict[bytes, list[bytes]], chain: list[bytes], most: int) -> None:
+def _remember(
+    memory: OrderedDict[bytes, list[bytes]],
+    chain: list[bytes],
+    most: int,
+    keep: set[bytes] | frozenset[bytes] = frozenset(),
+) -> None:
     # A prompt extending a remembered one (the next turn of a conversation) replaces it.
     for shorter in [key for key in memory if key in chain]:
         del memory[shorter]
     memory[chain[-1]] = chain
     while len(memory) > most:
-        memory.popitem(last=False)
+        victim = next((key for key in memory if key not in keep), None)
+        if victim is None:
+            memory.popitem(last=False)
+        else:
+            del memory[victim]
 
 
 class ReameReplica:
@@ -119,7 +138,7 @@ class ReameReplica:
                 part = ReplyStart(part.status, (*part.headers, tag))
             yield part
         if request.routable and status == 200:
-            self.prefixes.served(request.prompt, request.stored_chars)
+            self.prefixes.served(request.prompt, request.stored_chars, request.session)
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Ray Serve asks every `request_routing_stats_period_s`; the routers read it."""

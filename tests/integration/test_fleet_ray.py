@@ -53,13 +53,27 @@ class Fleet:
         )
 
     def sessions_on_two_replicas(self) -> dict[str, str]:
-        """A session on each replica: replica name -> session."""
+        """A session on each replica: replica name -> session. Sessions start two at a
+        time, each with a message of its own: the router keeps a new session off a replica
+        where it would unpin a live conversation, and the second of a pair off the replica
+        computing the first."""
         homes: dict[str, str] = {}
-        for i in range(20):
-            session = f"probe-{i}-{time.monotonic_ns()}"
-            reply = self.chat("Hi.", session=session, max_tokens=1)
-            assert reply.status_code == 200, reply.text
-            homes.setdefault(reply.headers[REPLICA_HEADER], session)
+
+        def start(session: str, replies: dict[str, httpx.Response]) -> None:
+            message = f"Hello, I am {session}. " + "I like old maps and bells. " * 30
+            replies[session] = self.chat(message, session=session, max_tokens=1)
+
+        for i in range(10):
+            pair = [f"probe-{i}-{n}-{time.monotonic_ns()}" for n in range(2)]
+            replies: dict[str, httpx.Response] = {}
+            threads = [threading.Thread(target=start, args=(s, replies)) for s in pair]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            for session in pair:
+                assert replies[session].status_code == 200, replies[session].text
+                homes.setdefault(replies[session].headers[REPLICA_HEADER], session)
             if len(homes) == 2:
                 return homes
         raise AssertionError(f"every session landed on one replica: {homes}")

@@ -7,20 +7,34 @@ import random
 
 from reame_core.fleet.affinity import (
     CHUNK_CHARS,
+    UNKNOWN_REQUEST_CHUNKS,
     FleetAffinity,
     PrefixSet,
     RoutingStats,
     matched_chunks,
     prefix_chain,
 )
+from reame_core.fleet.backlog import Backlog, Work
 from reame_core.fleet.forwarding import forwarded, routing_text
 from reame_core.fleet.replica import ServedPrefixes
+from reame_core.fleet.sessions import SESSION_TTL, SessionBook
 
 SYSTEM_A = "You extract invoice fields as JSON. " * 40
 SYSTEM_B = "You classify support tickets by urgency. " * 40
 
 
+class Clock:
+    """Time that moves only when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def fleet(*replicas: str, slots: int = 4, **options: object) -> FleetAffinity:
+    options.setdefault("clock", Clock())
     affinity = FleetAffinity(rng=random.Random(7), **options)  # type: ignore[arg-type]
     for replica in replicas:
         affinity.observe(replica, RoutingStats(slots=slots, serial=1))
@@ -380,3 +394,141 @@ def test_forwarded_takes_the_session_header_before_the_body_field() -> None:
     assert request.session == "head" and request.prompt == "hello" and request.routable
     health = forwarded("GET", "/health", b"", [], b"")
     assert not health.routable and health.prompt == "/health"
+
+
+def test_a_request_counts_its_own_compute_once() -> None:
+    affinity = fleet("r1", "r2")
+    affinity.routed("r1", SYSTEM_A, request="first")
+    affinity.completed("r1", "first")
+    affinity.routed("r1", "z" * 2560, request="cold")  # 20 chunks to compute, in flight
+    # On r1: 21 chunks ahead, 1 of its own, less half of its 11 homed chunks; on r2: its
+    # 11 chunks and an answer. Counting its own twice made waiting on r1 look cheaper.
+    choice = affinity.rank(["r1", "r2"], SYSTEM_A + "Invoice 2")
+    assert choice.ranked[0] == "r2"
+
+
+def test_work_ahead_drains_at_the_rate_the_replica_was_measured_at() -> None:
+    clock = Clock()
+    affinity = fleet("r1", "r2", clock=clock)
+    affinity.routed("r1", "y" * 512, request="warm")  # 4 chunks and an answer: 5
+    clock.now += 0.5
+    affinity.completed("r1", "warm")  # 10 chunks a second
+    affinity.routed("r1", "z" * 2560, request="cold")  # 21 chunks of work
+    clock.now += 2.0  # about 1 left
+    choice = affinity.rank(["r1", "r2"], "y" * 512 + "more")
+    assert choice.ranked[0] == "r1" and choice.reason == "prefix"
+
+
+def test_nothing_drains_before_a_completion_was_timed() -> None:
+    backlog = Backlog()
+    backlog.add("a", Work([], 10.0), now=0.0)
+    assert backlog.remaining(now=60.0) == 10.0
+    backlog.add("b", Work([], 6.0), now=60.0)
+    backlog.complete("a", now=100.0)  # 10 chunks done in 100 s of work
+    assert backlog.rate == 0.1
+    assert backlog.remaining(now=120.0) == 4.0
+
+
+def test_a_request_keeps_off_an_idle_sessions_pinned_slot() -> None:
+    affinity = fleet("r1", "r2", slots=2)
+    conversation = SYSTEM_A + "user: " + "a long message of the session " * 60
+    affinity.routed("r1", conversation, session="chat", request="turn 1")
+    affinity.completed("r1", "turn 1")  # pinned, idle, its next turn to come
+    affinity.routed("r1", "q" * 300, request="x")  # r1's other slot is busy
+    affinity.routed("r2", "p" * 800, request="y")  # r2 has more work, and a free slot
+    choice = affinity.rank(["r1", "r2"], "Hello there. " * 30)
+    assert choice.ranked[0] == "r2"  # on r1 it would take the session's slot
+
+
+def test_a_request_sent_onto_an_idle_sessions_slot_costs_the_session_its_place() -> None:
+    affinity = fleet("r1", "r2", slots=2)
+    conversation = SYSTEM_A + "user: first question"
+    affinity.routed("r1", conversation, session="chat", request="turn 1")
+    affinity.completed("r1", "turn 1")
+    affinity.routed("r1", "q" * 300, request="x")
+    affinity.routed("r1", "Another prompt entirely. " * 20, request="takes the pinned slot")
+    choice = affinity.rank(["r1", "r2"], conversation + "assistant: ok\nuser: more", "chat")
+    assert choice.reason != "session"
+    assert choice.ranked[0] == "r2"  # its conversation is nowhere now; r1 is busy
+
+
+def test_a_new_session_goes_where_it_unpins_no_live_conversation() -> None:
+    affinity = fleet("r1", "r2", slots=2)
+    conversation = SYSTEM_B + "user: " + "a long message of the session " * 120
+    affinity.routed("r1", conversation, session="old", request="turn 1")
+    affinity.completed("r1", "turn 1")
+    # SYSTEM_B is resident on r1, and homed there; but r1 pins one session, and a new
+    # one's turn would unpin the old conversation, 28 chunks to compute again.
+    choice = affinity.rank(["r1", "r2"], SYSTEM_B + "user: hello", session="new")
+    assert choice.ranked[0] == "r2"
+    affinity.routed("r2", SYSTEM_B + "user: hello", session="new")
+    assert affinity.rank(["r1", "r2"], conversation + "more", session="old").reason == "session"
+
+
+def test_a_session_idle_past_its_lifetime_protects_no_slot() -> None:
+    clock = Clock()
+    affinity = fleet("r1", "r2", slots=2, clock=clock)
+    conversation = SYSTEM_A + "user: " + "a long message of the session " * 60
+    affinity.routed("r1", conversation, session="chat", request="turn 1")
+    affinity.completed("r1", "turn 1")
+    affinity.routed("r1", "q" * 300, request="x")
+    affinity.routed("r2", "p" * 800, request="y")
+    clock.now += SESSION_TTL + 1
+    assert affinity.rank(["r1", "r2"], "Hello there. " * 30).ranked[0] == "r1"
+
+
+def test_a_pinned_conversation_stays_in_the_view_while_other_prompts_pass() -> None:
+    affinity = fleet("r1", slots=2)
+    conversation = SYSTEM_A + "user: first question"
+    affinity.routed("r1", conversation, session="chat", request="turn 1")
+    affinity.completed("r1", "turn 1")
+    for n, prompt in enumerate((SYSTEM_B, "C" * 1000, "D" * 1000)):
+        affinity.routed("r1", prompt, request=n)
+        affinity.completed("r1", n)
+    view = affinity.replica("r1")
+    assert view.resident(prefix_chain(conversation)) == len(prefix_chain(conversation))
+    assert view.resident(prefix_chain(SYSTEM_B)) == 0
+
+
+def test_a_replica_pins_only_its_most_recent_sessions() -> None:
+    book = SessionBook(ttl=60.0)
+    for n, session in enumerate(("a", "b", "c")):
+        book.turn(session, "r1", [bytes([n])], now=float(n))
+        book.turn_over(session)
+    assert [s for s, _ in book.pinned("r1", slots=4)] == ["c", "b"]
+    assert book.live(book.places["b"], now=61.0) and not book.live(book.places["b"], now=61.5)
+
+
+def test_a_replica_reports_its_pinned_conversation_while_other_prompts_pass() -> None:
+    served = ServedPrefixes(slots=2, shared_cache=False)
+    conversation = SYSTEM_A + "user: first question"
+    served.served(conversation, session="chat")
+    served.served(SYSTEM_B)
+    served.served("C" * 1000)
+    assert served.report(0, 0).resident == [prefix_chain(conversation), prefix_chain("C" * 1000)]
+
+
+def test_a_stale_count_does_not_end_requests_once_completions_are_reported() -> None:
+    affinity = fleet("r1", "r2")
+    affinity.routed("r1", "warm " * 100, request="warm")
+    affinity.completed("r1", "warm")  # Serve reports completions
+    affinity.routed("r1", "z" * 2560, request="cold")  # 21 chunks of work
+    affinity.set_queue("r1", 0)  # a count taken before the request arrived
+    view = affinity.replica("r1")
+    assert view.ahead(0.0) == 21.0 and view.others == 0
+    affinity.set_queue("r1", 3)  # two requests of another router
+    assert view.ahead(0.0) == 21.0 + 2 * UNKNOWN_REQUEST_CHUNKS
+
+
+def test_a_session_unpinned_by_a_newer_one_stays_while_its_slot_holds_it() -> None:
+    affinity = fleet("r1", "r2", slots=2)
+    old = SYSTEM_A + "user: first question"
+    affinity.routed("r1", old, session="old", request=1)
+    affinity.completed("r1", 1)
+    affinity.routed("r1", SYSTEM_B + "user: hello", session="new", request=2)
+    affinity.completed("r1", 2)  # the engine unpins "old"; its slot still holds it
+    assert affinity.rank(["r1", "r2"], old + "more", session="old").reason == "session"
+    for n, prompt in enumerate(("C" * 1000, "D" * 1000)):
+        affinity.routed("r1", prompt, request=3 + n)
+        affinity.completed("r1", 3 + n)
+    assert affinity.rank(["r1", "r2"], old + "more", session="old").reason != "session"

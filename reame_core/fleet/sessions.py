@@ -1,0 +1,109 @@
+"""Where each conversation (`X-Session-ID`) of the fleet lives, and which ones a replica
+keeps pinned, as the router sees them.
+
+The engine pins the slot of a session's finished turn to that session, so that its next
+turn finds the conversation's KV (engine/slots.py): at most half the replica's slots, the
+most recent sessions; a request that finds no free unpinned slot takes a pinned one
+instead, and the conversation there must be computed again on its next turn. A 2-slot
+replica so keeps one conversation. The router mirrors this to price it: a request that
+would take an idle live session's slot costs that conversation's recompute, and so does a
+new session sent where all the pins are taken (its turn, once done, unpins the oldest).
+
+A session is live while its last turn is recent (`SESSION_TTL`): taking the pin of a
+conversation that has ended costs nothing. It still goes back to its pinned slot if it
+returns later, as long as nothing took it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+# Seconds after its last turn that a session still counts as coming back.
+SESSION_TTL = 120.0
+
+
+def pinnable(slots: int) -> int:
+    """How many sessions a replica of `slots` slots keeps pinned (the engine's default)."""
+    return slots // 2
+
+
+@dataclass(slots=True)
+class SessionPlace:
+    """Where a session lives: its replica, its last turn's prompt, when that turn was
+    sent, its turns still in flight, and whether its conversation is believed still in a
+    slot there (`kept`: no request has since taken that slot)."""
+
+    replica: str
+    chain: list[bytes]
+    last_turn: float
+    turns_in_flight: int = 0
+    kept: bool = True
+
+
+class SessionBook:
+    """Every live session's place, at most `capacity` (least recently seen forgotten
+    first), with each replica's sessions in the order of their last turn."""
+
+    def __init__(self, capacity: int = 100_000, ttl: float = SESSION_TTL) -> None:
+        self.capacity = capacity
+        self.ttl = ttl
+        self.places: OrderedDict[str, SessionPlace] = OrderedDict()
+        self._on: dict[str, OrderedDict[str, None]] = {}  # replica -> its sessions
+
+    def __contains__(self, session: object) -> bool:
+        return session in self.places
+
+    def __len__(self) -> int:
+        return len(self.places)
+
+    def get(self, session: str | None) -> SessionPlace | None:
+        return self.places.get(session) if session is not None else None
+
+    def turn(self, session: str, replica: str, chain: list[bytes], now: float) -> None:
+        """A turn of `session` was sent to `replica`: the session lives there from now on,
+        its conversation in the slot that turn takes."""
+        place = self.places.get(session)
+        if place is not None and place.replica != replica:
+            self._on[place.replica].pop(session, None)
+            place = None
+        if place is None:
+            place = self.places[session] = SessionPlace(replica, chain, now)
+        place.chain, place.last_turn, place.kept = chain, now, True
+        place.turns_in_flight += 1
+        self.places.move_to_end(session)
+        mine = self._on.setdefault(replica, OrderedDict())
+        mine[session] = None
+        mine.move_to_end(session)
+        while len(self.places) > self.capacity:
+            oldest, gone = self.places.popitem(last=False)
+            self._on[gone.replica].pop(oldest, None)
+
+    def turn_over(self, session: str | None) -> None:
+        """A turn of `session` completed."""
+        place = self.get(session)
+        if place is not None and place.turns_in_flight > 0:
+            place.turns_in_flight -= 1
+
+    def pinned(self, replica: str, slots: int) -> list[tuple[str, SessionPlace]]:
+        """The sessions whose slots `replica` keeps pinned, most recent first: those still
+        kept there, as many as it pins (the engine unpins a session only for a newer one)."""
+        most = pinnable(slots)
+        found: list[tuple[str, SessionPlace]] = []
+        for session in reversed(self._on.get(replica, {})):
+            if len(found) >= most:
+                break
+            place = self.places[session]
+            if place.kept:
+                found.append((session, place))
+        return found
+
+    def live(self, place: SessionPlace, now: float) -> bool:
+        """Whether the session is still likely to come back: a turn in flight, or one
+        sent within `ttl`."""
+        return place.turns_in_flight > 0 or now - place.last_turn <= self.ttl
+
+    def forget_replica(self, replica: str) -> None:
+        """A replica left: its sessions find a new home on their next turn."""
+        for session in self._on.pop(replica, {}):
+            del self.places[session]
