@@ -88,6 +88,7 @@ def test_streamed_chat_equals_the_unstreamed_answer(client: openai.OpenAI) -> No
         temperature=0,
         stream=True,
         stream_options={"include_usage": True},
+        extra_body={"palimpsest": False},  # computed, not recalled from the answer above
     )
     text, usage = "", None
     for chunk in chunks:
@@ -115,9 +116,10 @@ def test_text_completion_and_two_candidates(client: openai.OpenAI) -> None:
 
 
 def test_seed_makes_sampling_reproducible(client: openai.OpenAI) -> None:
-    first = _chat(client, "Tell me a word.", max_tokens=12, temperature=1.0, seed=1234)
-    second = _chat(client, "Tell me a word.", max_tokens=12, temperature=1.0, seed=1234)
-    other = _chat(client, "Tell me a word.", max_tokens=12, temperature=1.0, seed=4321)
+    computed = {"extra_body": {"palimpsest": False}}  # sampled each time, not recalled
+    first = _chat(client, "Tell me a word.", max_tokens=12, temperature=1.0, seed=1234, **computed)
+    second = _chat(client, "Tell me a word.", max_tokens=12, temperature=1.0, seed=1234, **computed)
+    other = _chat(client, "Tell me a word.", max_tokens=12, temperature=1.0, seed=4321, **computed)
     assert first == second
     assert other != first
 
@@ -154,7 +156,12 @@ def test_logprobs_come_back_for_each_token(client: openai.OpenAI) -> None:
 def test_eight_concurrent_streams_equal_serial_answers(
     questions: tuple[str, ...], client: openai.OpenAI
 ) -> None:
-    serial = [_chat(client, question, max_tokens=32, temperature=0) for question in questions]
+    # Computed both times: the streams would otherwise be recalled from the serial answers.
+    computed = {"palimpsest": False}
+    serial = [
+        _chat(client, question, max_tokens=32, temperature=0, extra_body=computed)
+        for question in questions
+    ]
     together = threading.Barrier(len(questions))
 
     def stream(question: str) -> Streamed:
@@ -165,6 +172,7 @@ def test_eight_concurrent_streams_equal_serial_answers(
             max_tokens=32,
             temperature=0,
             stream=True,
+            extra_body=computed,
         )
         streamed = Streamed()
         for chunk in chunks:
