@@ -81,10 +81,11 @@ def test_damaged_and_full_disk_leave_answers_unchanged_and_are_said_once(
     small_disk: Callable[..., SmallDisk], tmp_path: Path
 ) -> None:
     disk = small_disk(64 << 20)
-    # Recall off: the second server computes (and archives) what the first answered.
+    # Recall off: the second server computes (and archives) what the first answered. The
+    # host plan grants a 64 MiB disk no budget at all: budgets are set, so the disk fills.
     flags = ["--kv-cache-dir", str(disk.path / "kv"), "--palimpsest-dir",
-             str(disk.path / "archive"), "--speculate", "off",
-             "--palimpsest-no-recall"]  # fmt: skip
+             str(disk.path / "archive"), "--speculate", "off", "--palimpsest-no-recall",
+             "--kv-cache-budget", "1GiB", "--palimpsest-budget", "1GiB"]  # fmt: skip
     port = free_port()
     with soak.reame_serve(port, flags, tmp_path / "cold.log"):
         cold = [ask(f"http://127.0.0.1:{port}", *pair) for pair in ASKED]
