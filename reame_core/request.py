@@ -99,6 +99,12 @@ class SamplingParams:
         return self.temperature <= 0.0
 
     @property
+    def fixed_seed(self) -> int | None:
+        """The caller's seed, if sampling follows it (llama.cpp's convention: none, or a
+        negative one, means a random seed)."""
+        return self.seed if self.seed is not None and self.seed >= 0 else None
+
+    @property
     def penalized(self) -> bool:
         return (
             self.repeat_penalty != 1.0

@@ -28,8 +28,12 @@ def recallable(request: GenerationRequest, plan: CandidatePlan | None) -> bool:
     selection may run candidates in waves), greedy or seeded sampling, and no logprobs
     asked (those are not remembered)."""
     params = request.params
-    seeded = params.seed is not None and params.seed >= 0
-    return request.n == 1 and plan is None and params.logprobs is None and (params.greedy or seeded)
+    return (
+        request.n == 1
+        and plan is None
+        and params.logprobs is None
+        and (params.greedy or params.fixed_seed is not None)
+    )
 
 
 def answer_key(request: GenerationRequest, model: ModelInfo) -> str | None:

@@ -170,8 +170,8 @@ class Scheduler:
         """Give an admitted request its slots, the prefix they can reuse and its samplers."""
         request = group.request
         prompt = request.prompt_tokens
-        seed = request.params.seed
-        if seed is None or seed < 0:  # llama.cpp's convention: a negative seed is random
+        seed = request.params.fixed_seed
+        if seed is None:
             seed = secrets.randbits(63)
         sampler = TokenSampler(request.params, eog=self.info.eog, history=prompt, seed=seed)
         # At least two prompt tokens are computed: the last one's logits are needed, and a
