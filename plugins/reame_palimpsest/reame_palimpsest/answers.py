@@ -104,7 +104,7 @@ class AnswerShelf:
     # ------------------------------------------------------------ the thread
 
     def _run(self) -> None:
-        self._held = sum(size for _, size, _ in self._files())
+        self._held = sum(size for _, size, _ in _files(self.path))
         while (job := self._jobs.get()) is not _STOP:
             if isinstance(job, threading.Event):
                 job.set()
@@ -136,7 +136,7 @@ class AnswerShelf:
 
     def _evict(self) -> None:
         """Delete the files written longest ago until the shelf holds 90% of its budget."""
-        files = sorted(self._files())
+        files = sorted(_files(self.path))
         held = sum(size for _, size, _ in files)
         for _, size, path in files:
             if held <= 0.9 * self.budget:
@@ -147,48 +147,41 @@ class AnswerShelf:
             held -= size
         self._held = held
 
-    def _files(self) -> list[tuple[float, int, Path]]:
-        """(modified, size, path) of every answer file, other processes' included."""
-        found = []
-        with contextlib.suppress(FileNotFoundError):
-            for folder in os.scandir(self.path):
-                if not folder.is_dir():
-                    continue
-                for entry in os.scandir(folder.path):
-                    if entry.name.startswith("."):
-                        continue
-                    with contextlib.suppress(FileNotFoundError):
-                        stat = entry.stat()
-                        found.append((stat.st_mtime, stat.st_size, Path(entry.path)))
-        return found
-
     def _file(self, key: str) -> Path:
         return self.path / key[:2] / key[2:]
 
 
 def usage(root: Path) -> tuple[int, int]:
     """(files, bytes) of the answers kept under an archive directory."""
-    files = size = 0
-    for path in _kept(root):
-        with contextlib.suppress(FileNotFoundError):
-            size += path.stat().st_size
-            files += 1
-    return files, size
+    files = _files(root / LAYOUT)
+    return len(files), sum(size for _, size, _ in files)
 
 
 def purge(root: Path) -> tuple[int, int]:
     """Delete every remembered answer under an archive directory; (files, bytes) deleted."""
-    files = size = 0
-    for path in _kept(root):
+    deleted = freed = 0
+    for _, size, path in _files(root / LAYOUT):
         with contextlib.suppress(FileNotFoundError):
-            freed = path.stat().st_size
             path.unlink()
-            files, size = files + 1, size + freed
-    return files, size
+            deleted, freed = deleted + 1, freed + size
+    return deleted, freed
 
 
-def _kept(root: Path) -> list[Path]:
-    return [p for p in (root / LAYOUT).glob("*/*") if not p.name.startswith(".")]
+def _files(shelf: Path) -> list[tuple[float, int, Path]]:
+    """(modified, size, path) of every answer file on a shelf, other processes' included;
+    not the temporary files a writer has not renamed into place yet."""
+    found = []
+    with contextlib.suppress(FileNotFoundError):
+        for folder in os.scandir(shelf):
+            if not folder.is_dir():
+                continue
+            for entry in os.scandir(folder.path):
+                if entry.name.startswith("."):
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    stat = entry.stat()
+                    found.append((stat.st_mtime, stat.st_size, Path(entry.path)))
+    return found
 
 
 def _encode(key: str, answer: RecalledAnswer) -> bytes:

@@ -104,8 +104,9 @@ class Palimpsest:
         section = settings.plugin_section(NAME, PalimpsestSettings)
         self.settings = section
         anchors = sorted({k for k in ANCHORS if k > section.min_match} | {section.min_match})
+        root = section.directory(settings.cache_path)
         self.archivist = Archivist(
-            section.directory(settings.cache_path),
+            root,
             model.vocab.pieces,
             budget=section.budget_bytes(),
             memory_tokens=section.memory_tokens,
@@ -114,7 +115,6 @@ class Palimpsest:
             anchors=anchors,
         )
         if section.recall:
-            root = section.directory(settings.cache_path)
             self.shelf = AnswerShelf(root, int(section.recall_budget))
 
     @hookimpl
