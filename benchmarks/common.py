@@ -49,6 +49,36 @@ def measure(script: str, *args: str) -> dict[str, Any]:
     return dict(json.loads(completed.stdout.strip().splitlines()[-1]))
 
 
+class Resident:
+    """A child process kept alive between measurements: `script --resident ARGS` answers
+    each line written to it with one JSON line. Two residents alternating request by
+    request see the same state of a noisy host, where separate passes minutes apart do
+    not; the one not asked is idle in its read."""
+
+    def __init__(self, script: str, *args: str) -> None:
+        self.args = args
+        self.process = subprocess.Popen(
+            [sys.executable, script, "--resident", *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def ask(self, line: str) -> dict[str, Any]:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+        answer = self.process.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"resident {self.args} exited ({self.process.wait()})")
+        return dict(json.loads(answer))
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        self.process.wait(timeout=120)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

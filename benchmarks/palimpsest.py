@@ -16,8 +16,12 @@ Configurations: `with` (built-in draft sources and the palimpsest plugin, the go
 on auto; answers are not recalled whole, the drafting is measured: benchmarks/recall.py
 measures recall) and `without` (the same, palimpsest disabled). Every pass runs in a fresh
 process (a fresh Reame runtime, its own empty cache directory; the archive directory is
-the rep's). Each rep alternates with/without per workload; the figure is generated tokens
-per second of decoding (prompt time excluded), and ratios are medians of per-rep ratios.
+the rep's). For near and unrelated, `with` and `without` run in two such processes side
+by side, request by request, taking turns at going first: on a shared host the speed of
+the cores drifts by ±10% over minutes, and passes run one after the other measured that
+drift, not the archive. The exact passes follow one another (the second reads what the
+first archived). The figure is generated tokens per second of decoding (prompt time
+excluded), and ratios are medians of per-rep ratios.
 Outputs of `with` are compared with `without`'s of the same rep, token for token.
 
 With --llama-server, llama.cpp's server runs the same passes, each in a fresh process, with
@@ -33,9 +37,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -89,13 +96,12 @@ WORKLOADS = ("exact", "near", "unrelated")
 MAX_TOKENS = 96
 
 
-def child(
-    config: str, texts_name: str, archive: str, model: str | None, threads: int
-) -> dict[str, Any]:
-    """One pass in this (fresh) process: every request of `texts_name`, one after another."""
-    from reame_core.chat import encode_chat
+@contextmanager
+def _runtime(
+    config: str, archive: str, model: str | None, threads: int
+) -> Iterator[tuple[Any, Any]]:
+    """A fresh runtime in this process, with the archive plugin (`with`) or without."""
     from reame_core.plugins import PluginHost
-    from reame_core.request import GenerationRequest, SamplingParams
     from reame_core.runtime import start_runtime
     from reame_palimpsest.plugin import Palimpsest
 
@@ -103,7 +109,6 @@ def child(
     plugin = Palimpsest()
     if config == "with":
         plugins.register(plugin, "palimpsest")
-    params = SamplingParams(max_tokens=MAX_TOKENS)
     with tempfile.TemporaryDirectory() as cache:
         settings = Settings(
             model=model or Settings().model,
@@ -116,30 +121,36 @@ def child(
         runtime = start_runtime(settings, plugins=plugins)
         if plugin.archivist is not None:  # steady state: the archive's index is loaded
             assert plugin.archivist.ready.wait(120)
-        engine, info = runtime.engine, runtime.backend.info
-        results = [
-            engine.generate(
-                GenerationRequest(encode_chat(info, [{"role": "user", "content": t}]), params)
-            )
-            for t in PASSES[texts_name]
-        ]
-        governor = engine.governor
-        source = governor.sources.get("palimpsest")
-        ceiling = None
-        if source is not None and source.drafts:
-            k = source.proposed / source.drafts
-            ceiling = {
-                "mean_verified_draft": round(k, 2),
-                "speedup": round(
-                    (k + 1)
-                    * governor.cost.pass_seconds(1)
-                    / governor.cost.pass_seconds(round(k) + 1),
-                    3,
-                ),
-            }
-        report = governor.report()
-        stats = plugin.reame_collect_stats() if config == "with" else None
-        runtime.close()
+        try:
+            yield runtime, plugin if config == "with" else None
+        finally:
+            runtime.close()
+
+
+def _generate(runtime: Any, text: str) -> Any:
+    from reame_core.chat import encode_chat
+    from reame_core.request import GenerationRequest, SamplingParams
+
+    prompt = encode_chat(runtime.backend.info, [{"role": "user", "content": text}])
+    return runtime.engine.generate(GenerationRequest(prompt, SamplingParams(max_tokens=MAX_TOKENS)))
+
+
+def _summary(runtime: Any, plugin: Any, results: list[Any]) -> dict[str, Any]:
+    """A pass's figures: decode rate (prompt time excluded), drafts, the ceiling of the
+    archive's drafts from the governor's cost curve, the archive's own counters."""
+    governor = runtime.engine.governor
+    source = governor.sources.get("palimpsest")
+    ceiling = None
+    if source is not None and source.drafts:
+        k = source.proposed / source.drafts
+        ceiling = {
+            "mean_verified_draft": round(k, 2),
+            "speedup": round(
+                (k + 1) * governor.cost.pass_seconds(1) / governor.cost.pass_seconds(round(k) + 1),
+                3,
+            ),
+        }
+    stats = plugin.reame_collect_stats() if plugin is not None else None
     tokens = sum(r.usage.completion_tokens for r in results)
     decode_ms = sum(r.usage.predicted_ms for r in results)
     return {
@@ -149,12 +160,45 @@ def child(
         "accepted": _summed([r.usage.draft_accepted for r in results]),
         "outputs": [list(r.candidates[0].tokens) for r in results],
         "ceiling": ceiling,
-        "pass_ms": report["pass_ms"],
+        "pass_ms": governor.report()["pass_ms"],
         "archive": None if stats is None else {
             k: v for k, v in stats["palimpsest"].items()
             if k in ("index_tokens", "lookups", "drafts", "lookup_us_mean", "records_written")
         },
     }  # fmt: skip
+
+
+def child(
+    config: str, texts_name: str, archive: str, model: str | None, threads: int
+) -> dict[str, Any]:
+    """One pass in this (fresh) process: every request of `texts_name`, one after another."""
+    with _runtime(config, archive, model, threads) as (runtime, plugin):
+        results = [_generate(runtime, text) for text in PASSES[texts_name]]
+        return _summary(runtime, plugin, results)
+
+
+def resident(config: str, texts_name: str, archive: str, model: str | None, threads: int) -> None:
+    """One pass in this (fresh) process, a request per line read: `ready` once the runtime
+    is up, then `I` runs request I of `texts_name` (its decode time and tokens), `end` the
+    pass's summary. Answers go out on the original stdout; everything else written there
+    (logs) goes to stderr."""
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    with _runtime(config, archive, model, threads) as (runtime, plugin):
+        results = []
+        for line in sys.stdin:
+            command = line.strip()
+            if command == "ready":
+                answer: dict[str, Any] = {}
+            elif command == "end":
+                answer = _summary(runtime, plugin, results)
+            else:
+                result = _generate(runtime, PASSES[texts_name][int(command)])
+                results.append(result)
+                answer = {"ms": result.usage.predicted_ms, "tokens": result.usage.completion_tokens}
+            print(json.dumps(answer), file=answers, flush=True)
+            if command == "end":
+                return
 
 
 def llama_server_pass(
@@ -218,20 +262,43 @@ def main() -> None:
     parser.add_argument("--llama-server", help="llama.cpp's llama-server binary, to compare")
     parser.add_argument("--name", default="palimpsest", help="results file name (no extension)")
     parser.add_argument("--child", nargs="*")
+    parser.add_argument("--resident", nargs="*")
     args = parser.parse_args()
     if args.child is not None:
         config, texts_name, archive = args.child
         print(json.dumps(child(config, texts_name, archive, args.model, args.threads)))
         return
+    if args.resident is not None:
+        config, texts_name, archive = args.resident
+        resident(config, texts_name, archive, args.model, args.threads)
+        return
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from common import measure, median_ratio, write_report
+    from common import Resident, measure, median_ratio, write_report
 
     script = str(Path(__file__))
     extra = ["--threads", str(args.threads), *(["--model", args.model] if args.model else [])]
 
     def run(config: str, texts_name: str, archive: Path) -> dict[str, Any]:
         return measure(script, config, texts_name, str(archive), *extra)
+
+    def side_by_side(texts_name: str, archive: Path) -> dict[str, dict[str, Any]]:
+        """`with` and `without` in two resident processes, request by request, taking
+        turns at going first."""
+        sides = {
+            config: Resident(script, config, texts_name, str(where), *extra)
+            for config, where in (("with", archive), ("without", archive.parent / "none"))
+        }
+        for side in sides.values():
+            side.ask("ready")
+        pair = list(sides.values())
+        for i in range(len(PASSES[texts_name])):
+            for side in pair if i % 2 == 0 else pair[::-1]:
+                side.ask(str(i))
+        summaries = {config: side.ask("end") for config, side in sides.items()}
+        for side in sides.values():
+            side.close()
+        return summaries
 
     model_path = ""
     if args.llama_server:
@@ -263,8 +330,7 @@ def main() -> None:
             for workload in ("near", "unrelated"):
                 if workload not in args.workloads:
                     continue
-                rep = {"with": run("with", workload, root / "products"),
-                       "without": run("without", workload, root / "none")}  # fmt: skip
+                rep = side_by_side(workload, root / "products")
                 if args.llama_server:
                     rep["ls_with"] = theirs(workload, root / "products.lcd")
                     rep["ls_without"] = theirs(workload, None)
