@@ -96,9 +96,12 @@ def overhead_prompt() -> str:
 
 
 def server_settings(threads: int, fast: bool) -> list[str]:
-    """The settings of the measured server; the engine measurement uses the same."""
+    """The settings of the measured server; the engine measurement uses the same. Every
+    repetition sends the same greedy requests: answered from remembered answers they would
+    measure Reame's memory, not its serving, so recall is off."""
     return ["--parallel", "8", "--ctx", "1024", "--threads", str(threads),
-            "--speculate", "off", *(["--no-deterministic"] if fast else [])]  # fmt: skip
+            "--speculate", "off", "--palimpsest-no-recall",
+            *(["--no-deterministic"] if fast else [])]  # fmt: skip
 
 
 def engine_child(
@@ -112,7 +115,8 @@ def engine_child(
 
     settings = Settings(
         parallel=8, ctx=1024, threads=threads, speculate="off", deterministic=not fast,
-        log_level="warning", **({"model": model} if model else {}),
+        log_level="warning", plugins={"palimpsest": {"recall": False}},
+        **({"model": model} if model else {}),
     )  # fmt: skip
     runtime = start_runtime(settings)
 

@@ -51,10 +51,12 @@ def child(mode: str, cache_dir: str, question: int, threads: int) -> dict[str, A
     from reame_core.settings import Settings
     from reame_diskkv.entry_format import split_planes
 
-    # Speculation off: cold and warm answers are compared bit for bit.
+    # Speculation off: cold and warm answers are compared bit for bit. The archive off: the
+    # warm run would otherwise be answered from the cold run's remembered answer.
     settings = Settings(
-        threads=threads, speculate="off", plugins={"diskkv": {"dir": cache_dir}}, **CONTEXT
-    )
+        threads=threads, speculate="off", plugins={"diskkv": {"dir": cache_dir}},
+        disable_plugins=["palimpsest"], **CONTEXT,
+    )  # fmt: skip
     runtime = start_runtime(settings)
     engine, backend = runtime.engine, runtime.backend
     messages = [
