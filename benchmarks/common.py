@@ -85,23 +85,31 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def wait_healthy(url: str, seconds: float = 60.0) -> bool:
+    """Wait until the server at `url` says 200 on /health; False if it has not within
+    `seconds`."""
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
 @contextmanager
 def running_server(argv: Sequence[str], port: int, log: IO[bytes] | None = None) -> Iterator[str]:
     """Start an HTTP server process (Reame's or another's) and wait until /health says
     200; yields its base URL and stops the process afterwards. Its log (stderr) goes to
     `log` when given, for what the server reports about itself."""
-    import httpx
-
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log or subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(300):
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        wait_healthy(url)
         yield url
     finally:
         process.terminate()
