@@ -128,9 +128,23 @@ def llama_server(
     """llama.cpp's own server on `model_path` with these threads, slots and context (its
     defaults otherwise, plus `extra` flags), running until the block ends; yields its URL."""
     port = free_port()
-    argv = [binary, "-m", str(model_path), "-t", str(threads), "-np", str(slots),
-            "-c", str(ctx), "--port", str(port), "--no-webui", *extra]  # fmt: skip
+    argv = llama_server_argv(binary, model_path, threads, port, slots=slots, ctx=ctx, extra=extra)
     return running_server(argv, port)
+
+
+def llama_server_argv(
+    binary: str,
+    model_path: str | Path,
+    threads: int,
+    port: int,
+    *,
+    slots: int = 1,
+    ctx: int = 4096,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The command line of `llama_server`, for a caller that runs the process itself."""
+    return [binary, "-m", str(model_path), "-t", str(threads), "-np", str(slots),
+            "-c", str(ctx), "--port", str(port), "--no-webui", *extra]  # fmt: skip
 
 
 def median_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> float:

@@ -162,12 +162,14 @@ def reame_server(threads: int, fast: bool, model: str | None) -> AbstractContext
     from common import free_port, running_server
 
     port = free_port()
+    return running_server(reame_argv(threads, fast, model, port), port)
+
+
+def reame_argv(threads: int, fast: bool, model: str | None, port: int) -> list[str]:
+    """The command line of `reame_server`, for a caller that runs the process itself."""
     reame = os.path.join(os.path.dirname(sys.executable), "reame")
-    return running_server(
-        [reame, "serve", *([model] if model else []), "--port", str(port),
-         "--log-level", "warning", *server_settings(threads, fast)],
-        port,
-    )  # fmt: skip
+    return [reame, "serve", *([model] if model else []), "--port", str(port),
+            "--log-level", "warning", *server_settings(threads, fast)]  # fmt: skip
 
 
 def llama_server(binary: str, threads: int, model: str | None) -> AbstractContextManager[str]:

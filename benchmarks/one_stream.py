@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import free_port, median_ratio, wait_healthy, write_report
-from http_load import server_settings
+from common import free_port, llama_server_argv, median_ratio, wait_healthy, write_report
+from http_load import reame_argv
 
 PROMPT = "Story: once upon a time, in a small village by the sea, there lived"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -98,15 +98,13 @@ def main() -> None:
 
     from reame_core.models import resolve_model
 
-    reame = os.path.join(os.path.dirname(sys.executable), "reame")
     ports = {"reame": free_port(), "llama-server": free_port()}
     argvs = {
-        "reame": [reame, "serve", *([args.serve] if args.serve else []),
-                  "--port", str(ports["reame"]), "--log-level", "warning",
-                  *server_settings(args.threads, fast=False)],
-        "llama-server": [args.llama_server, "-m", str(resolve_model(args.serve).path),
-                         "-t", str(args.threads), "-np", "8", "-c", "8192",
-                         "--port", str(ports["llama-server"]), "--no-webui"],
+        "reame": reame_argv(args.threads, False, args.serve, ports["reame"]),
+        "llama-server": llama_server_argv(
+            args.llama_server, resolve_model(args.serve).path, args.threads,
+            ports["llama-server"], slots=8, ctx=8192,
+        ),
     }  # fmt: skip
     processes = {
         name: subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -289,16 +289,17 @@ def main() -> None:
             config: Resident(script, config, texts_name, str(where), *extra)
             for config, where in (("with", archive), ("without", archive.parent / "none"))
         }
-        for side in sides.values():
-            side.ask("ready")
-        pair = list(sides.values())
-        for i in range(len(PASSES[texts_name])):
-            for side in pair if i % 2 == 0 else pair[::-1]:
-                side.ask(str(i))
-        summaries = {config: side.ask("end") for config, side in sides.items()}
-        for side in sides.values():
-            side.close()
-        return summaries
+        try:
+            for side in sides.values():
+                side.ask("ready")
+            pair = list(sides.values())
+            for i in range(len(PASSES[texts_name])):
+                for side in pair if i % 2 == 0 else pair[::-1]:
+                    side.ask(str(i))
+            return {config: side.ask("end") for config, side in sides.items()}
+        finally:
+            for side in sides.values():
+                side.close()
 
     model_path = ""
     if args.llama_server:
