@@ -9,7 +9,14 @@ Workloads (single stream, greedy, chat prompts; the embedded SmolLM2-135M unless
              length they had if every token were right, from the governor's own cost curve
              of the same run: (k + 1) * f(1) / f(k + 1) for mean verified draft length k.
   near       20 product descriptions from one template, after 20 others from it were
-             generated (and archived): with the archive against without.
+             generated (and archived): with the archive against without. Beside it, the
+             ceiling with foresight: at each position of each answer, the archive's draft
+             as its index stood when the request began (no backing check: every draft it
+             could offer) and prompt lookup's; the least time in which the answer could be
+             decoded knowing which draft tokens come true (plain steps or any draft at any
+             length), with both sources against prompt lookup alone, passes of n tokens
+             priced by benchmarks/pass_cost.py after the reps. No governor beats it with
+             these drafts on this host.
   unrelated  20 general questions, the archive holding the product descriptions: with the
              archive against without (the cost of looking up and of drafts that miss).
 Configurations: `with` (built-in draft sources and the palimpsest plugin, the governor
@@ -127,12 +134,84 @@ def _runtime(
             runtime.close()
 
 
-def _generate(runtime: Any, text: str) -> Any:
+def _prompt(runtime: Any, text: str) -> list[int]:
     from reame_core.chat import encode_chat
+
+    return list(encode_chat(runtime.backend.info, [{"role": "user", "content": text}]))
+
+
+def _generate(runtime: Any, text: str) -> Any:
     from reame_core.request import GenerationRequest, SamplingParams
 
-    prompt = encode_chat(runtime.backend.info, [{"role": "user", "content": text}])
+    prompt = _prompt(runtime, text)
     return runtime.engine.generate(GenerationRequest(prompt, SamplingParams(max_tokens=MAX_TOKENS)))
+
+
+def _foresight(
+    plugin: Any, indexes: Any, prompt: list[int], output: list[int], draft_max: int
+) -> list[tuple[int, int, int, int]]:
+    """At each position of `output`: the length of the draft the archive's `indexes` give
+    there (without the backing check) and how many of its tokens came true, then the same
+    for prompt lookup's draft."""
+    import numpy as np
+
+    from reame_core.builtins.prompt_lookup import NgramIndex, PromptLookupSettings
+    from reame_palimpsest.archive_index import MAX_MATCH, draft
+
+    s = plugin.settings
+    lookup = PromptLookupSettings()
+    copier = NgramIndex(lookup.ngram_min, lookup.ngram_max)
+    copier.extend(prompt)
+    sequence = [*prompt, *output]
+    found = []
+    for t in range(len(output)):
+        end = len(prompt) + t
+        tail = np.array(sequence[max(0, end - MAX_MATCH) : end], dtype=np.uint32)
+        archived = draft(tail, indexes, draft_max, factor=s.draft_factor, min_share=s.min_share)
+        copied = copier.propose(draft_max)
+        found.append((*_came_true(archived, output[t:]), *_came_true(copied, output[t:])))
+        copier.extend(output[t : t + 1])
+    return found
+
+
+def _came_true(tokens: tuple[int, ...], truth: list[int]) -> tuple[int, int]:
+    """The draft's length, and how many of its tokens match `truth` before the first that
+    does not."""
+    right = 0
+    while right < min(len(tokens), len(truth)) and tokens[right] == truth[right]:
+        right += 1
+    return len(tokens), right
+
+
+def _fastest(answer: list[list[int]], seconds: dict[int, float], sources: int) -> float:
+    """The least time in which `answer` could be decoded from the drafts `_foresight`
+    found (the first `sources` of them), knowing which of their tokens come true: at each
+    position reached, plain decoding or one draft cut to any length (`seconds[n]`: a pass
+    of n tokens)."""
+    n = len(answer)
+    least = [0.0] * (n + 1)
+    for t in reversed(range(n)):
+        best = seconds[1] + least[t + 1]
+        for source in range(sources):
+            length, right = answer[t][2 * source], answer[t][2 * source + 1]
+            for k in range(1, length + 1):
+                best = min(best, seconds[k + 1] + least[min(n, t + min(k, right) + 1)])
+        least[t] = best
+    return least[0]
+
+
+def ceiling_with_foresight(foresight: list[list[list[int]]], seconds: dict[int, float]) -> float:
+    """How much faster the archive's drafts could make decoding, prompt lookup's drafts
+    used on both sides, if every draft were verified at the best length knowing which of
+    its tokens come true: the least time with prompt lookup alone over the least time
+    with both."""
+    alone = sum(_fastest(answer, seconds, 1) for answer in _lookup_first(foresight))
+    both = sum(_fastest(answer, seconds, 2) for answer in foresight)
+    return alone / both if both else 1.0
+
+
+def _lookup_first(foresight: list[list[list[int]]]) -> list[list[list[int]]]:
+    return [[[*position[2:], *position[:2]] for position in answer] for answer in foresight]
 
 
 def _summary(runtime: Any, plugin: Any, results: list[Any]) -> dict[str, Any]:
@@ -193,9 +272,19 @@ def resident(config: str, texts_name: str, archive: str, model: str | None, thre
             elif command == "end":
                 answer = _summary(runtime, plugin, results)
             else:
-                result = _generate(runtime, PASSES[texts_name][int(command)])
+                text = PASSES[texts_name][int(command)]
+                indexes = plugin.archivist.indexes if plugin is not None else ()
+                result = _generate(runtime, text)
                 results.append(result)
                 answer = {"ms": result.usage.predicted_ms, "tokens": result.usage.completion_tokens}
+                if indexes:
+                    answer["foresight"] = _foresight(
+                        plugin,
+                        indexes,
+                        _prompt(runtime, text),
+                        list(result.candidates[0].tokens),
+                        runtime.engine.governor.draft_max,
+                    )
             print(json.dumps(answer), file=answers, flush=True)
             if command == "end":
                 return
@@ -293,10 +382,15 @@ def main() -> None:
             for side in sides.values():
                 side.ask("ready")
             pair = list(sides.values())
+            foresight = []
             for i in range(len(PASSES[texts_name])):
                 for side in pair if i % 2 == 0 else pair[::-1]:
-                    side.ask(str(i))
-            return {config: side.ask("end") for config, side in sides.items()}
+                    answer = side.ask(str(i))
+                    if "foresight" in answer:
+                        foresight.append(answer["foresight"])
+            ends = {config: side.ask("end") for config, side in sides.items()}
+            ends["with"]["foresight"] = foresight
+            return ends
         finally:
             for side in sides.values():
                 side.close()
@@ -347,6 +441,18 @@ def main() -> None:
             flush=True,
         )
 
+    pass_ms: dict[int, float] = {}
+    if {"near", "unrelated"} & set(args.workloads):  # the ceiling with foresight's prices
+        from pass_cost import pass_seconds
+
+        from reame_core.models import resolve_model
+
+        sizes = tuple(range(1, Settings().draft_max + 2))
+        measured = pass_seconds(
+            resolve_model(args.model or Settings().model).path, args.threads, 5, sizes
+        )
+        pass_ms = {n: measured[(n, "all")] * 1000 for n in sizes}
+
     report: dict[str, Any] = {"workloads": {}}
     for workload, runs in reps.items():
         if not runs:
@@ -369,6 +475,12 @@ def main() -> None:
             mine = "second"
         else:
             row["with_vs_without"] = round(median_ratio(rates["with"], rates["without"]), 3)
+            ceilings = [ceiling_with_foresight(r["with"].pop("foresight"), pass_ms) for r in runs]
+            row["ceiling_with_foresight"] = round(statistics.median(ceilings), 3)
+            row["ceiling_with_foresight_by_rep"] = [round(c, 3) for c in ceilings]
+            share = row["with_vs_without"] / row["ceiling_with_foresight"]
+            row["share_of_ceiling"] = round(share, 3)
+            row["pass_ms_for_the_ceiling"] = {n: round(ms, 2) for n, ms in pass_ms.items()}
             row["outputs_identical_to_without"] = [_same(r["with"], r["without"]) for r in runs]
             mine = "with"
         if "ls_without" in runs[0]:

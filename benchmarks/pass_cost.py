@@ -23,6 +23,37 @@ SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
 TEXT = "def fibonacci(n):\n    '''Return the n-th Fibonacci number.'''\n" * 16
 
 
+def pass_seconds(
+    model: Path, threads: int, reps: int, sizes: tuple[int, ...] = SIZES
+) -> dict[tuple[int, str], float]:
+    """Median seconds of a pass of n tokens after a 300-token prompt, by (n, "all") with
+    logits for every row and (n, "last") for the last row only."""
+    from reame_core.backend.base import Batch
+    from reame_core.backend.llama import LlamaBackend
+
+    backend = LlamaBackend(model, n_ctx_seq=2048, n_seq_max=4, n_threads=threads)
+    prompt = backend.tokenize(TEXT, add_special=False, parse_special=False)[:300]
+    batch = Batch()
+    for i, token in enumerate(prompt):
+        batch.add(token, i, 0, i == len(prompt) - 1)
+    backend.decode(batch)
+    start = len(prompt)
+
+    seconds: dict[tuple[int, str], list[float]] = {}
+    for _ in range(reps):
+        for n in sizes:
+            for rows in ("all", "last"):
+                batch = Batch()
+                for j in range(n):
+                    batch.add(prompt[j], start + j, 0, rows == "all" or j == n - 1)
+                began = time.perf_counter()
+                backend.decode(batch)
+                seconds.setdefault((n, rows), []).append(time.perf_counter() - began)
+                backend.seq_rm(0, start, -1)
+    backend.close()
+    return {key: statistics.median(values) for key, values in seconds.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", help="model alias or .gguf path (default: embedded)")
@@ -33,38 +64,16 @@ def main() -> None:
 
     from common import write_report
 
-    from reame_core.backend.base import Batch
-    from reame_core.backend.llama import LlamaBackend
     from reame_core.models import resolve_model
     from reame_core.settings import Settings
 
     model = resolve_model(args.model or Settings().model)
-    backend = LlamaBackend(model.path, n_ctx_seq=2048, n_seq_max=4, n_threads=args.threads)
-    prompt = backend.tokenize(TEXT, add_special=False, parse_special=False)[:300]
-    batch = Batch()
-    for i, token in enumerate(prompt):
-        batch.add(token, i, 0, i == len(prompt) - 1)
-    backend.decode(batch)
-    start = len(prompt)
-
-    seconds: dict[tuple[int, str], list[float]] = {}
-    for _ in range(args.reps):
-        for n in SIZES:
-            for rows in ("all", "last"):
-                batch = Batch()
-                for j in range(n):
-                    batch.add(prompt[j], start + j, 0, rows == "all" or j == n - 1)
-                began = time.perf_counter()
-                backend.decode(batch)
-                seconds.setdefault((n, rows), []).append(time.perf_counter() - began)
-                backend.seq_rm(0, start, -1)
-    backend.close()
-
-    one = statistics.median(seconds[(1, "all")])
+    seconds = pass_seconds(model.path, args.threads, args.reps)
+    one = seconds[(1, "all")]
     table = []
     for n in SIZES:
-        all_rows = statistics.median(seconds[(n, "all")])
-        last_row = statistics.median(seconds[(n, "last")])
+        all_rows = seconds[(n, "all")]
+        last_row = seconds[(n, "last")]
         table.append(
             {
                 "tokens": n,

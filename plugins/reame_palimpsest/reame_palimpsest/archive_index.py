@@ -29,6 +29,16 @@ at most `factor` times the match length, since a long match predicts a long cont
 and a short one a short one; the governor cuts it further to what its cost curve says
 pays on this host.
 
+A short match is often a single past record that happened to share a few tokens: the
+name of the same colour, the same price, and then that record's own next field. So while
+the match behind a drafted token is shorter than `TRUSTED`, the token must also be what
+followed the same few tokens (the shortest anchor) across the archive at least
+`min_backing` of the time; the draft stops before the first that is not. Measured on
+templated product descriptions (benchmarks/palimpsest.py, near repeats), drafts whose first
+token was backed at 0.9 or more came true 86% of the time against 14% below 0.3, on
+Qwen2.5-Coder-1.5B and SmolLM2 alike; matches of 16 tokens or more came true 86-98% of the
+time whatever their backing.
+
 An index is immutable once built: the archive's thread builds new ones and swaps them
 in, so the engine thread reads without locks.
 """
@@ -44,6 +54,7 @@ import numpy as np
 SEPARATOR = np.uint32(0xFFFFFFFF)  # ends each record; no k-gram spans it
 ANCHORS = (24, 8, 3)  # k-gram lengths of the tables, longest first
 MAX_MATCH = 64  # tokens compared backwards: longer matches count as this long
+TRUSTED = 16  # a token drafted after a match this long needs no backing
 MAX_DRAFT = 64  # tokens a draft may have
 CANDIDATES = 64  # most recent occurrences of a k-gram compared
 _MUL = np.uint64(0x100000001B3)  # FNV-1a's 64-bit prime
@@ -110,6 +121,16 @@ class ArchiveIndex:
                 return Match(self, best, found[lengths == best])
         return None
 
+    def followers(self, gram: Sequence[int]) -> np.ndarray:
+        """The tokens that followed the most recent occurrences of `gram`, whose length is
+        the shortest anchor."""
+        keys, ends = self._tables[-1]
+        key = np.uint64(suffix_hashes(np.asarray(gram, dtype=np.uint32), len(gram))[-1])
+        lo = int(keys.searchsorted(key, side="left"))
+        hi = int(keys.searchsorted(key, side="right"))
+        followers: np.ndarray = self.tokens[ends[max(lo, hi - CANDIDATES) : hi]]
+        return followers
+
     def _holds(self, table: int, key: int) -> bool:
         keys = self._tables[table][0]
         at = int(keys.searchsorted(np.uint64(key)))
@@ -123,16 +144,45 @@ def draft(
     *,
     factor: float,
     min_share: float,
+    min_backing: float = 0.0,
 ) -> tuple[int, ...]:
     """What most often followed the longest match of `tail` across `indexes` (each
-    searched alone, the longest matches pooled), or () if nothing matched."""
+    searched alone, the longest matches pooled), or () if nothing matched; cut where a
+    token drafted after a short match lacks `min_backing` (`backed`)."""
     matches = [m for index in indexes if (m := index.match(tail)) is not None]
     if not matches:
         return ()
     length = max(m.length for m in matches)
     limit = min(max_tokens, MAX_DRAFT, max(1, math.ceil(factor * length)))
     rows = [m.following(limit) for m in matches if m.length == length]
-    return continuation(rows[0] if len(rows) == 1 else np.vstack(rows), min_share)
+    drafted = continuation(rows[0] if len(rows) == 1 else np.vstack(rows), min_share)
+    if min_backing > 0.0 and length < TRUSTED:
+        drafted = backed(tail, drafted, indexes, length, min_backing)
+    return drafted
+
+
+def backed(
+    tail: np.ndarray,
+    drafted: tuple[int, ...],
+    indexes: Sequence[ArchiveIndex],
+    length: int,
+    min_backing: float,
+) -> tuple[int, ...]:
+    """`drafted` (after a match of `length` tokens) up to the first token drafted after a
+    match shorter than `TRUSTED` that fewer than `min_backing` of the occurrences of the
+    tokens just before it (as many as the shortest anchor, the most recent `CANDIDATES`
+    of each index) were followed by."""
+    k = indexes[0].anchors[-1]
+    context = [*tail[len(tail) - k :].tolist(), *drafted]
+    for j, token in enumerate(drafted):
+        if length + j >= TRUSTED:
+            break
+        followers = [index.followers(context[j : j + k]) for index in indexes]
+        seen = sum(len(f) for f in followers)
+        agree = sum(int(np.count_nonzero(f == token)) for f in followers)
+        if agree < min_backing * seen or not seen:
+            return drafted[:j]
+    return drafted
 
 
 def continuation(rows: np.ndarray, min_share: float) -> tuple[int, ...]:

@@ -182,7 +182,12 @@ class Palimpsest:
             started = time.perf_counter()
             tail = _tail(seq)
             tokens = draft(
-                tail, indexes, request.max_tokens, factor=s.draft_factor, min_share=s.min_share
+                tail,
+                indexes,
+                request.max_tokens,
+                factor=s.draft_factor,
+                min_share=s.min_share,
+                min_backing=s.min_backing,
             )
             self.lookup_seconds += time.perf_counter() - started
             self.lookups += 1

@@ -68,6 +68,14 @@ class PalimpsestSettings(BaseModel):
         description="A draft stops where its path's share of the matched continuations falls "
         "below this.",
     )
+    min_backing: float = Field(
+        0.7,
+        ge=0,
+        le=1,
+        description="A token drafted after a match shorter than 16 tokens must be what "
+        "followed the same last few tokens across the archive at least this share of the "
+        "time; the draft stops before the first that is not (0: no such check).",
+    )
     segment_bytes: ByteSize = Field(
         ByteSize(8 << 20), ge=4096, description="Size at which a segment is sealed."
     )

@@ -15,6 +15,7 @@ from reame_palimpsest.archive_index import (
     CANDIDATES,
     MAX_DRAFT,
     MAX_MATCH,
+    TRUSTED,
     ArchiveIndex,
     continuation,
     draft,
@@ -34,6 +35,7 @@ def reference_draft(
     *,
     factor: float,
     min_share: float,
+    min_backing: float = 0.0,
     anchors: Sequence[int] = ANCHORS,
 ) -> tuple[int, ...]:
     """What the index must propose, computed by comparing `tail` with every position."""
@@ -65,7 +67,35 @@ def reference_draft(
             break
         drafted.append(token)
         paths = [path for path in paths if len(path) > depth and path[depth] == token]
+    if min_backing > 0.0:
+        drafted = reference_backed(records, tail, drafted, best, min_backing, min(anchors))
     return tuple(drafted)
+
+
+def reference_backed(
+    records: Sequence[Sequence[int]],
+    tail: Sequence[int],
+    drafted: list[int],
+    length: int,
+    min_backing: float,
+    k: int,
+) -> list[int]:
+    """`drafted` cut before the first token, drafted after a match shorter than TRUSTED,
+    that too few of the (most recent) occurrences of the k tokens before it preceded."""
+    context = [*tail[-k:], *drafted]
+    for j, token in enumerate(drafted):
+        if length + j >= TRUSTED:
+            break
+        gram = context[j : j + k]
+        followers = [
+            record[end]
+            for record in records
+            for end in range(k, len(record))
+            if list(record[end - k : end]) == gram
+        ][-CANDIDATES:]
+        if not followers or followers.count(token) < min_backing * len(followers):
+            return drafted[:j]
+    return drafted
 
 
 def index_draft(
@@ -75,11 +105,14 @@ def index_draft(
     *,
     factor: float,
     min_share: float,
+    min_backing: float = 0.0,
     anchors: Sequence[int] = ANCHORS,
 ) -> tuple[int, ...]:
     index = ArchiveIndex([np.array(r, dtype=np.uint32) for r in records], anchors)
     query = np.array(tail, dtype=np.uint32)
-    return draft(query, [index], max_tokens, factor=factor, min_share=min_share)
+    return draft(
+        query, [index], max_tokens, factor=factor, min_share=min_share, min_backing=min_backing
+    )
 
 
 @settings(max_examples=300, deadline=None)
@@ -89,17 +122,20 @@ def index_draft(
     max_tokens=st.integers(1, 40),
     factor=st.sampled_from([0.5, 1.0, 2.0]),
     min_share=st.sampled_from([0.05, 0.3, 0.6, 1.0]),
+    min_backing=st.sampled_from([0.0, 0.4, 0.7, 1.0]),
 )
 def test_lookup_matches_the_brute_force_reference(
-    records: list[list[int]], tail: list[int], max_tokens: int, factor: float, min_share: float
+    records: list[list[int]],
+    tail: list[int],
+    max_tokens: int,
+    factor: float,
+    min_share: float,
+    min_backing: float,
 ) -> None:
+    shares = {"factor": factor, "min_share": min_share, "min_backing": min_backing}
     for anchors in ((3,), (8, 3, 1), (24, 8, 3)):
-        expected = reference_draft(
-            records, tail, max_tokens, factor=factor, min_share=min_share, anchors=anchors
-        )
-        found = index_draft(
-            records, tail, max_tokens, factor=factor, min_share=min_share, anchors=anchors
-        )
+        expected = reference_draft(records, tail, max_tokens, anchors=anchors, **shares)
+        found = index_draft(records, tail, max_tokens, anchors=anchors, **shares)
         assert found == expected, anchors
 
 
@@ -142,6 +178,25 @@ def test_forks_multiply_their_shares() -> None:
     # 1 takes 4/5; then 2 and 3 split those 2:2, so the path's share is 0.4.
     assert index_draft(records, history, 8, factor=2.0, min_share=0.3) == (1, 2)
     assert index_draft(records, history, 8, factor=2.0, min_share=0.5) == (1,)
+
+
+def test_a_token_after_a_short_match_needs_the_archives_backing() -> None:
+    # The tail's last three tokens (1, 2, 3) matched one record that went on with 9; four
+    # others that end with the same three tokens went on with 4.
+    records = [[7, 1, 2, 3, 9, 9], *([[6, 1, 2, 3, 4]] * 4)]
+    history = [7, 1, 2, 3]
+    assert index_draft(records, history, 8, factor=2.0, min_share=0.1) == (9, 9)
+    assert index_draft(records, history, 8, factor=2.0, min_share=0.1, min_backing=0.5) == ()
+    assert index_draft(records, history, 8, factor=2.0, min_share=0.1, min_backing=0.2) == (9, 9)
+
+
+def test_a_long_match_needs_no_backing() -> None:
+    lone = [*range(100, 100 + TRUSTED), 9, 9]
+    records = [lone, *[[*lone[TRUSTED - 3 : TRUSTED], 4]] * 6]  # the same three tokens, then 4
+    history = lone[:TRUSTED]
+    assert index_draft(records, history, 2, factor=1.0, min_share=0.1, min_backing=1.0) == (9, 9)
+    shorter = history[1:]  # a match one token short of trusted: the first token is checked
+    assert index_draft(records, shorter, 2, factor=1.0, min_share=0.1, min_backing=0.5) == ()
 
 
 def test_the_draft_grows_with_the_match_and_is_capped_by_the_caller() -> None:
