@@ -1,0 +1,97 @@
+"""The near-repeat benchmark's ceiling with foresight (benchmarks/palimpsest.py): the least
+decode time the drafts found at each position allow, knowing which of their tokens come
+true, against a brute-force search over every way to decode."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _benchmark() -> ModuleType:
+    sys.path.insert(0, str(BENCHMARKS))  # it imports its neighbours (common, pass_cost)
+    try:
+        spec = importlib.util.spec_from_file_location("bench", BENCHMARKS / "palimpsest.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+bench = _benchmark()
+# A pass of n tokens: 10 ms, then 4 ms for each further token (a 5-token pass costs 2.6x).
+SECONDS = {n: 0.010 + 0.004 * (n - 1) for n in range(1, 18)}
+
+
+def brute_force(answer: list[list[int]], sources: int) -> float:
+    """Every way to decode `answer`: at each position reached, plain decoding or any
+    source's draft at any length."""
+
+    @functools.cache
+    def least(t: int) -> float:
+        if t >= len(answer):
+            return 0.0
+        options = [SECONDS[1] + least(t + 1)]
+        for source in range(sources):
+            length, right = answer[t][2 * source], answer[t][2 * source + 1]
+            options += [SECONDS[k + 1] + least(t + min(k, right) + 1) for k in range(1, length + 1)]
+        return min(options)
+
+    return least(0)
+
+
+@st.composite
+def answers(draw: st.DrawFn) -> list[list[int]]:
+    n = draw(st.integers(1, 30))
+    positions = []
+    for t in range(n):
+        position = []
+        for _ in range(2):
+            length = draw(st.integers(0, 16))
+            position += [length, draw(st.integers(0, min(length, n - t)))]
+        positions.append(position)
+    return positions
+
+
+@settings(max_examples=200, deadline=None)
+@given(answer=answers())
+def test_the_least_time_is_the_brute_forces(answer: list[list[int]]) -> None:
+    for sources in (1, 2):
+        assert abs(bench._fastest(answer, SECONDS, sources) - brute_force(answer, sources)) < 1e-12
+
+
+def test_drafts_that_never_come_true_leave_plain_decoding() -> None:
+    answer = [[8, 0, 0, 0]] * 10
+    assert bench._fastest(answer, SECONDS, 2) == pytest.approx(10 * SECONDS[1])
+    assert bench.ceiling_with_foresight([answer], SECONDS) == pytest.approx(1.0)
+
+
+def test_a_right_archive_draft_where_prompt_lookup_has_none_is_the_ceiling() -> None:
+    # 9 tokens; at position 0 the archive drafts 8, all right: one pass of 9 tokens.
+    answer = [[8, 8, 0, 0], *[[0, 0, 0, 0]] * 8]
+    assert bench._fastest(answer, SECONDS, 2) == pytest.approx(SECONDS[9])
+    assert bench.ceiling_with_foresight([answer], SECONDS) == pytest.approx(
+        9 * SECONDS[1] / SECONDS[9]
+    )
+
+
+def test_the_archive_adds_nothing_where_prompt_lookup_drafts_the_same() -> None:
+    answer = [[8, 8, 8, 8], *[[0, 0, 0, 0]] * 8]
+    assert bench.ceiling_with_foresight([answer], SECONDS) == pytest.approx(1.0)
+
+
+def test_a_draft_is_found_for_each_position_and_scored_against_the_answer() -> None:
+    assert bench._came_true((5, 6, 7), [5, 6, 9, 9]) == (3, 2)
+    assert bench._came_true((5, 6, 7), [5, 6]) == (3, 2)  # the answer ends
+    assert bench._came_true((), [1]) == (0, 0)
