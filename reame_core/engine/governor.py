@@ -60,12 +60,6 @@ K_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 DECAY = 0.98  # per draft: a source's acceptance follows its recent drafts
 SEQ_DECAY = 0.95  # per draft: a request's own acceptance follows its recent text
 SEQ_PRIOR = 2.0  # weight, in drafts, of the source's acceptance in a request's estimate
-# A draft is verified only where it is expected to yield this much more than the plain
-# step: below that the bet is a coin flip. The cost curve's prices move by 5-10% on a
-# shared host (a 2-token pass of Qwen2.5-Coder-1.5B: 1.8 one-token passes by the curve,
-# 1.91 by pass_cost.py), and on near repeats with that model, verifying only above 1.1x
-# read 0.998x of no archive against 0.984x without the margin (4 reps side by side).
-MIN_GAIN = 1.1
 PROBE_BUDGET = 0.01  # probes (and asking a source every step) may cost this share of decoding
 PROBE_TOKENS = 4  # tokens asked of a probe
 PROBE_EVERY = 8  # steps before a request probes a source shown not to pay (doubling)
@@ -269,7 +263,7 @@ class Governor:
             if priced:
                 rates = self._rates(seq, state, own, limit)
                 k, gain = self._best(accepted_by_length(rates), limit, propose)
-                if k > 0 and gain > max(MIN_GAIN, rivals.get(seq.key, 1.0)):
+                if k > 0 and gain > max(1.0, rivals.get(seq.key, 1.0)):
                     own.backoff = 0
                     asked.append(DraftRequest(seq, k))
                     merit = True
@@ -367,7 +361,7 @@ class Governor:
         plan = forced
         if len(decoding) == 1 and offers:  # the one sequence's best length is the plan
             offer = next(iter(offers.values()))
-            if offer.gain > MIN_GAIN:
+            if offer.gain > 1.0:
                 plan = {offer.proposal.seq.key: _cut(offer.proposal, offer.k)}
         elif offers:
             plan = self._plan(sorted(decoding, key=_seq_id), forced, offers)
@@ -391,7 +385,6 @@ class Governor:
         longest = max(len(offer.proposal.tokens) for offer in offers.values())
         best_plan = forced
         best_rate = self._rate(ordered, forced, offers)
-        floor = best_rate * MIN_GAIN
         for k in K_LADDER:
             if k > longest:
                 break
@@ -401,7 +394,7 @@ class Governor:
                     continue
                 plan[key] = _cut(offers[key].proposal, k)
                 rate = self._rate(ordered, plan, offers)
-                if rate > max(best_rate, floor):
+                if rate > best_rate:
                     best_plan, best_rate = dict(plan), rate
         return best_plan
 
@@ -679,20 +672,20 @@ class Governor:
         elif not state.acceptance.reached:
             state.enabled, state.state = True, "new"
             state.reason = "no drafts yet"
-        elif gain >= MIN_GAIN:
+        elif gain >= 1.0:
             state.enabled, state.state = True, "drafting"
             state.reason = f"expected gain {gain:.2f}x {evidence}"
         elif price == "cheap":
             state.enabled, state.state = False, "watched"
             state.reason = (
-                f"expected gain {gain:.2f}x < {MIN_GAIN:g} {evidence}; asked every step (it "
-                "costs next to nothing), verified where a request's own drafts pay"
+                f"expected gain {gain:.2f}x < 1 {evidence}; asked every step (it costs next "
+                "to nothing), verified where a request's own drafts pay"
             )
         else:
             state.enabled, state.state = False, "probed"
             state.reason = (
-                f"expected gain {gain:.2f}x < {MIN_GAIN:g} {evidence}; asked where its drafts "
-                f"should yield more than the others', else probed within {PROBE_BUDGET:.0%} of "
+                f"expected gain {gain:.2f}x < 1 {evidence}; asked where its drafts should "
+                f"yield more than the others', else probed within {PROBE_BUDGET:.0%} of "
                 "decode time"
             )
 

@@ -770,7 +770,7 @@ def test_a_request_whose_text_turns_to_copying_is_drafted_again() -> None:
 
 
 def test_a_source_far_behind_a_request_is_priced_with_its_catch_up() -> None:
-    # An always-right source taking 2 ms a drafted token, and a caught-up token a quarter
+    # An always-right source taking 4 ms a drafted token, and a caught-up token a quarter
     # of that (a prompt token's share of a decode step here): worth asking where it has
     # kept up, not where it would first read a prompt of 3000 tokens.
     governor = scripted_governor()
@@ -778,7 +778,7 @@ def test_a_source_far_behind_a_request_is_priced_with_its_catch_up() -> None:
     state = governor.sources[SOURCE]
     for _ in range(50):
         state.acceptance.add(8, 8)
-    state.cost.observe(0.002 * 9 + 0.0005, drafted=8, caught_up=1)
+    state.cost.observe(0.004 * 9 + 0.001, drafted=8, caught_up=1)
     state.credit = -1.0  # no probes: only what is expected to pay is asked
     kept_up, behind = Decoding(seq_id=0), Decoding(seq_id=1, prompt_tokens=[1] * 3000)
     governor.requests([kept_up], 100_000, 512)
