@@ -104,15 +104,12 @@ class ArchiveIndex:
         shortest = self.anchors[-1]
         if len(tail) < shortest or not self._holds(-1, hashes[shortest]):
             return None  # every longer match ends with this shortest one: the usual miss
-        for k, (keys, ends) in zip(self.anchors, self._tables, strict=True):
+        for table, k in enumerate(self.anchors):
             if len(tail) < k:
                 continue
-            key = np.uint64(hashes[k])
-            lo = int(keys.searchsorted(key, side="left"))
-            if lo == len(keys) or keys[lo] != key:
+            found = self._recent(table, hashes[k])
+            if not len(found):
                 continue
-            hi = int(keys.searchsorted(key, side="right"))
-            found = ends[max(lo, hi - CANDIDATES) : hi]
             before = self.tokens[found[:, None] - _BACK[: len(reverse)]]
             same = before == reverse
             lengths = np.where(same.all(axis=1), len(reverse), same.argmin(axis=1))
@@ -124,12 +121,21 @@ class ArchiveIndex:
     def followers(self, gram: Sequence[int]) -> np.ndarray:
         """The tokens that followed the most recent occurrences of `gram`, whose length is
         the shortest anchor."""
-        keys, ends = self._tables[-1]
-        key = np.uint64(suffix_hashes(np.asarray(gram, dtype=np.uint32), len(gram))[-1])
-        lo = int(keys.searchsorted(key, side="left"))
-        hi = int(keys.searchsorted(key, side="right"))
-        followers: np.ndarray = self.tokens[ends[max(lo, hi - CANDIDATES) : hi]]
+        key = suffix_hashes(np.asarray(gram, dtype=np.uint32), len(gram))[-1]
+        followers: np.ndarray = self.tokens[self._recent(len(self._tables) - 1, key)]
         return followers
+
+    def _recent(self, table: int, key: int) -> np.ndarray:
+        """Where the most recent `CANDIDATES` occurrences of the k-gram hashing to `key`
+        end in `table` (the position that follows each); empty if there is none."""
+        keys, ends = self._tables[table]
+        wanted = np.uint64(key)
+        lo = int(keys.searchsorted(wanted, side="left"))
+        if lo == len(keys) or keys[lo] != wanted:
+            return ends[:0]
+        hi = int(keys.searchsorted(wanted, side="right"))
+        recent: np.ndarray = ends[max(lo, hi - CANDIDATES) : hi]
+        return recent
 
     def _holds(self, table: int, key: int) -> bool:
         keys = self._tables[table][0]
