@@ -140,10 +140,9 @@ def _prompt(runtime: Any, text: str) -> list[int]:
     return list(encode_chat(runtime.backend.info, [{"role": "user", "content": text}]))
 
 
-def _generate(runtime: Any, text: str) -> Any:
+def _generate(runtime: Any, prompt: list[int]) -> Any:
     from reame_core.request import GenerationRequest, SamplingParams
 
-    prompt = _prompt(runtime, text)
     return runtime.engine.generate(GenerationRequest(prompt, SamplingParams(max_tokens=MAX_TOKENS)))
 
 
@@ -183,16 +182,19 @@ def _came_true(tokens: tuple[int, ...], truth: list[int]) -> tuple[int, int]:
     return len(tokens), right
 
 
-def _fastest(answer: list[list[int]], seconds: dict[int, float], sources: int) -> float:
+ARCHIVE, LOOKUP = 0, 1  # the sources of `_foresight`'s positions, in their order
+
+
+def _fastest(answer: list[list[int]], seconds: dict[int, float], sources: tuple[int, ...]) -> float:
     """The least time in which `answer` could be decoded from the drafts `_foresight`
-    found (the first `sources` of them), knowing which of their tokens come true: at each
+    found (those of `sources`), knowing which of their tokens come true: at each
     position reached, plain decoding or one draft cut to any length (`seconds[n]`: a pass
     of n tokens)."""
     n = len(answer)
     least = [0.0] * (n + 1)
     for t in reversed(range(n)):
         best = seconds[1] + least[t + 1]
-        for source in range(sources):
+        for source in sources:
             length, right = answer[t][2 * source], answer[t][2 * source + 1]
             for k in range(1, length + 1):
                 best = min(best, seconds[k + 1] + least[min(n, t + min(k, right) + 1)])
@@ -205,13 +207,9 @@ def ceiling_with_foresight(foresight: list[list[list[int]]], seconds: dict[int, 
     used on both sides, if every draft were verified at the best length knowing which of
     its tokens come true: the least time with prompt lookup alone over the least time
     with both."""
-    alone = sum(_fastest(answer, seconds, 1) for answer in _lookup_first(foresight))
-    both = sum(_fastest(answer, seconds, 2) for answer in foresight)
+    alone = sum(_fastest(answer, seconds, (LOOKUP,)) for answer in foresight)
+    both = sum(_fastest(answer, seconds, (ARCHIVE, LOOKUP)) for answer in foresight)
     return alone / both if both else 1.0
-
-
-def _lookup_first(foresight: list[list[list[int]]]) -> list[list[list[int]]]:
-    return [[[*position[2:], *position[:2]] for position in answer] for answer in foresight]
 
 
 def _summary(runtime: Any, plugin: Any, results: list[Any]) -> dict[str, Any]:
@@ -252,7 +250,7 @@ def child(
 ) -> dict[str, Any]:
     """One pass in this (fresh) process: every request of `texts_name`, one after another."""
     with _runtime(config, archive, model, threads) as (runtime, plugin):
-        results = [_generate(runtime, text) for text in PASSES[texts_name]]
+        results = [_generate(runtime, _prompt(runtime, text)) for text in PASSES[texts_name]]
         return _summary(runtime, plugin, results)
 
 
@@ -272,16 +270,16 @@ def resident(config: str, texts_name: str, archive: str, model: str | None, thre
             elif command == "end":
                 answer = _summary(runtime, plugin, results)
             else:
-                text = PASSES[texts_name][int(command)]
+                prompt = _prompt(runtime, PASSES[texts_name][int(command)])
                 indexes = plugin.archivist.indexes if plugin is not None else ()
-                result = _generate(runtime, text)
+                result = _generate(runtime, prompt)
                 results.append(result)
                 answer = {"ms": result.usage.predicted_ms, "tokens": result.usage.completion_tokens}
                 if indexes:
                     answer["foresight"] = _foresight(
                         plugin,
                         indexes,
-                        _prompt(runtime, text),
+                        prompt,
                         list(result.candidates[0].tokens),
                         runtime.engine.governor.draft_max,
                     )
