@@ -363,8 +363,9 @@ class FleetAffinity:
         if self._completions_seen:
             view.others = max(0, queued_and_running - len(view.backlog))
             return
+        now = self._clock()
         for work in view.settle(queued_and_running):
-            self.sessions.turn_over(work.session)
+            self.sessions.turn_over(work.session, now)
 
     # ---------------------------------------------------------------- routing
 
@@ -440,30 +441,33 @@ class FleetAffinity:
     ) -> list[Displaced]:
         """The live sessions whose pinned slot on `replica_id` a request with prompt
         `chain` (a turn of `session`, if given) would take, as the engine hands out slots:
-        - a free unpinned slot: none, unless the request is a turn of a session new there
-          and every pin is taken: once done, it unpins the least recent session;
-        - else an idle pinned slot, if any: the least recent such session's, at once;
-        - else it waits for the next slot freed, as likely a session's as any other."""
+        - with no unpinned slot free, an idle pinned slot if any: the least recent such
+          session's, at once;
+        - else, with none free at all, it waits for the next slot freed, as likely a
+          session's as any other;
+        - and a turn of a session new there, where every pin is taken, unpins the least
+          recent session once done, whichever slot it ran in."""
         view = self.replica(replica_id)
         pinned = self.sessions.pinned(replica_id, view.slots)
         mine = any(s == session for s, _ in pinned)
         others = [(s, p) for s, p in pinned if s != session]
         if not others:
             return []
-        running = [(s, p) for s, p in others if p.turns_in_flight]
-        idle = [(s, p) for s, p in others if not p.turns_in_flight]
+        chances: dict[str, tuple[SessionPlace, float]] = {}
         unpinned_busy = view.ongoing - sum(p.turns_in_flight for _, p in pinned)
-        at_once = False
-        if unpinned_busy < view.slots - len(pinned):
-            if session is None or mine or len(pinned) < pinnable(view.slots):
-                return []
-            victims, chance = others[-1:], 1.0
-        elif idle:
-            victims, chance, at_once = idle[-1:], 1.0, True
-        else:
-            victims, chance = running, 1.0 / max(1, view.ongoing)
+        if unpinned_busy >= view.slots - len(pinned):
+            idle = [(s, p) for s, p in others if not p.turns_in_flight]
+            if idle:  # its slot is taken at once: that frees a pin too
+                s, p = idle[-1]
+                return [Displaced(s, 1.0, self._recompute(view, p, chain, now), at_once=True)]
+            for s, p in others:
+                chances[s] = (p, 1.0 / max(1, view.ongoing))
+        if session is not None and not mine and len(pinned) >= pinnable(view.slots):
+            s, p = others[-1]
+            chances[s] = (p, 1.0)
         return [
-            Displaced(s, chance, self._recompute(view, p, chain, now), at_once) for s, p in victims
+            Displaced(s, chance, self._recompute(view, p, chain, now))
+            for s, (p, chance) in chances.items()
         ]
 
     def _recompute(
@@ -513,7 +517,7 @@ class FleetAffinity:
         work = Work(chain, len(chain) - cached + DECODE_CHUNKS, session)
         key = request if request is not None else ("unnamed", self._routings)
         for forgotten in view.backlog.add(key, work, now):
-            self.sessions.turn_over(forgotten.session)
+            self.sessions.turn_over(forgotten.session, now)
         if session is not None:
             self.sessions.turn(session, replica_id, chain, now)
         if chain:
@@ -539,8 +543,9 @@ class FleetAffinity:
         """The request finished: its work leaves the replica's backlog, its prompt stays in
         a slot there."""
         self._completions_seen = True
+        now = self._clock()
         view = self.replicas.get(replica_id)
-        work = view.backlog.complete(request, self._clock()) if view is not None else None
+        work = view.backlog.complete(request, now) if view is not None else None
         if view is not None and work is not None:
-            self.sessions.turn_over(work.session)
+            self.sessions.turn_over(work.session, now)
             view.hold(work.chain, self._pinned_tails(replica_id))

@@ -9,9 +9,13 @@ replica so keeps one conversation. The router mirrors this to price it: a reques
 would take an idle live session's slot costs that conversation's recompute, and so does a
 new session sent where all the pins are taken (its turn, once done, unpins the oldest).
 
-A session is live while its last turn is recent (`SESSION_TTL`): taking the pin of a
-conversation that has ended costs nothing. It still goes back to its pinned slot if it
-returns later, as long as nothing took it.
+A session is live while a turn of it is in flight, or while it is likely to come back:
+judged by its own rhythm once it has one (the longest wait between one of its turns ending
+and its next one, `RETURN_FACTOR` times over, at least `RETURN_FLOOR`), and by
+`SESSION_TTL` until then. Taking the pin of a conversation that has ended costs nothing: a
+pipeline that sends three turns back to back and moves on stops protecting its slot
+seconds later, not minutes. It still goes back to its pinned slot if it returns later, as
+long as nothing took it.
 """
 
 from __future__ import annotations
@@ -19,8 +23,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-# Seconds after its last turn that a session still counts as coming back.
+# Seconds after its last turn ended that a session with no rhythm yet counts as coming back.
 SESSION_TTL = 120.0
+# A session that has waited between turns counts as coming back for this many times its
+# longest wait, at least RETURN_FLOOR seconds (and at most SESSION_TTL).
+RETURN_FACTOR = 4.0
+RETURN_FLOOR = 5.0
 
 
 def pinnable(slots: int) -> int:
@@ -31,14 +39,18 @@ def pinnable(slots: int) -> int:
 @dataclass(slots=True)
 class SessionPlace:
     """Where a session lives: its replica, its last turn's prompt, when that turn was
-    sent, its turns still in flight, and whether its conversation is believed still in a
-    slot there (`kept`: no request has since taken that slot)."""
+    sent, its turns still in flight, whether its conversation is believed still in a slot
+    there (`kept`: no request has since taken that slot), when its last turn ended (None
+    while none has), and the longest it has waited between a turn ending and its next
+    (`longest_wait`, None before its second turn)."""
 
     replica: str
     chain: list[bytes]
     last_turn: float
     turns_in_flight: int = 0
     kept: bool = True
+    ended: float | None = None
+    longest_wait: float | None = None
 
 
 class SessionBook:
@@ -69,6 +81,9 @@ class SessionBook:
             place = None
         if place is None:
             place = self.places[session] = SessionPlace(replica, chain, now)
+        elif place.turns_in_flight == 0 and place.ended is not None:
+            waited = now - place.ended
+            place.longest_wait = max(waited, place.longest_wait or 0.0)
         place.chain, place.last_turn, place.kept = chain, now, True
         place.turns_in_flight += 1
         self.places.move_to_end(session)
@@ -79,11 +94,13 @@ class SessionBook:
             oldest, gone = self.places.popitem(last=False)
             self._on[gone.replica].pop(oldest, None)
 
-    def turn_over(self, session: str | None) -> None:
-        """A turn of `session` completed."""
+    def turn_over(self, session: str | None, now: float) -> None:
+        """A turn of `session` completed at `now`."""
         place = self.get(session)
         if place is not None and place.turns_in_flight > 0:
             place.turns_in_flight -= 1
+            if place.turns_in_flight == 0:
+                place.ended = now
 
     def pinned(self, replica: str, slots: int) -> list[tuple[str, SessionPlace]]:
         """The sessions whose slots `replica` keeps pinned, most recent first: those still
@@ -99,9 +116,14 @@ class SessionBook:
         return found
 
     def live(self, place: SessionPlace, now: float) -> bool:
-        """Whether the session is still likely to come back: a turn in flight, or one
-        sent within `ttl`."""
-        return place.turns_in_flight > 0 or now - place.last_turn <= self.ttl
+        """Whether the session is still likely to come back: a turn in flight, or its last
+        one ended within the wait it allows itself (see the module docstring)."""
+        if place.turns_in_flight > 0:
+            return True
+        idle = now - (place.ended if place.ended is not None else place.last_turn)
+        if place.longest_wait is None:
+            return idle <= self.ttl
+        return idle <= min(self.ttl, max(RETURN_FLOOR, RETURN_FACTOR * place.longest_wait))
 
     def forget_replica(self, replica: str) -> None:
         """A replica left: its sessions find a new home on their next turn."""

@@ -17,7 +17,7 @@ from reame_core.fleet.affinity import (
 from reame_core.fleet.backlog import Backlog, Work
 from reame_core.fleet.forwarding import forwarded, routing_text
 from reame_core.fleet.replica import ServedPrefixes
-from reame_core.fleet.sessions import SESSION_TTL, SessionBook
+from reame_core.fleet.sessions import RETURN_FACTOR, RETURN_FLOOR, SESSION_TTL, SessionBook
 
 SYSTEM_A = "You extract invoice fields as JSON. " * 40
 SYSTEM_B = "You classify support tickets by urgency. " * 40
@@ -494,9 +494,60 @@ def test_a_replica_pins_only_its_most_recent_sessions() -> None:
     book = SessionBook(ttl=60.0)
     for n, session in enumerate(("a", "b", "c")):
         book.turn(session, "r1", [bytes([n])], now=float(n))
-        book.turn_over(session)
+        book.turn_over(session, now=float(n))
     assert [s for s, _ in book.pinned("r1", slots=4)] == ["c", "b"]
     assert book.live(book.places["b"], now=61.0) and not book.live(book.places["b"], now=61.5)
+
+
+def test_a_session_is_expected_back_by_its_own_rhythm() -> None:
+    book = SessionBook(ttl=SESSION_TTL)
+    # A pipeline: its turns follow each other within half a second, then it is done.
+    for start in (0.0, 1.5, 3.0):
+        book.turn("pipeline", "r1", [b"p"], now=start)
+        book.turn_over("pipeline", now=start + 1.0)
+    place = book.places["pipeline"]
+    assert place.longest_wait == 0.5
+    assert book.live(place, now=4.0 + RETURN_FLOOR)
+    assert not book.live(place, now=4.0 + RETURN_FLOOR + 0.1)
+    # A person who took 20 s to answer is given four times that.
+    book.turn("person", "r1", [b"q"], now=0.0)
+    book.turn_over("person", now=2.0)
+    assert book.live(book.places["person"], now=2.0 + SESSION_TTL)  # no rhythm yet
+    book.turn("person", "r1", [b"q"], now=22.0)
+    book.turn_over("person", now=24.0)
+    assert book.live(book.places["person"], now=24.0 + RETURN_FACTOR * 20.0)
+    assert not book.live(book.places["person"], now=24.1 + RETURN_FACTOR * 20.0)
+
+
+def test_a_finished_pipeline_no_longer_keeps_new_sessions_off_its_replica() -> None:
+    clock = Clock()
+    affinity = fleet("r1", "r2", slots=2, clock=clock)
+    conversation = SYSTEM_B + "user: " + "a long message of the session " * 120
+    for turn in range(3):  # back to back
+        affinity.routed("r1", conversation + "more " * turn, session="old", request=turn)
+        clock.now += 1.0
+        affinity.completed("r1", turn)
+    # r2 holds SYSTEM_B and works on something else
+    affinity.routed("r2", SYSTEM_B + "user: hi", request="x")
+    affinity.routed("r2", "z" * 600, request="y")
+    new = SYSTEM_B + "user: hello"
+    assert affinity.rank(["r1", "r2"], new, session="new").ranked[0] == "r2"
+    clock.now += RETURN_FLOOR + 1.0  # "old" has stopped: its pin is worth nothing now
+    assert affinity.rank(["r1", "r2"], new, session="new").ranked[0] == "r1"
+
+
+def test_a_new_session_pays_for_the_pin_it_takes_where_it_must_wait_for_a_slot() -> None:
+    affinity = fleet("r1", "r2", slots=2)
+    conversation = SYSTEM_A + "user: " + "a long message of the session " * 60
+    affinity.routed("r1", conversation, session="chat", request="turn")  # pinned, running
+    affinity.routed("r1", "q" * 300, request="x")  # no slot free on r1
+    prompt = SYSTEM_B + "user: hello"
+    one_shot = affinity.rank(["r1", "r2"], prompt).costs["r1"]
+    first_turn = affinity.rank(["r1", "r2"], prompt, session="new").costs["r1"]
+    # Either may take the slot "chat" frees (one chance in two); the first turn of "new",
+    # once done, also unpins "chat", its most recent session no longer.
+    recompute = len(prefix_chain(conversation))
+    assert first_turn - one_shot == recompute / 2
 
 
 def test_a_replica_reports_its_pinned_conversation_while_other_prompts_pass() -> None:
