@@ -16,7 +16,9 @@ in every run, which is what makes its KV the same.
 
 A slot can be pinned to a session (a client's conversation id): other requests copy from
 it instead of taking it, and it is handed out only when no unpinned slot is free. At most
-`max_sessions` slots are pinned; pinning one more unpins the least recently used.
+`max_sessions` slots are pinned; pinning one more unpins the least recently used. A slot
+also remembers whose conversation its KV holds (`Slot.conversation`), pinned or not, until
+another request takes it: what a fleet replica reports to its router (`conversations`).
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ class Slot:
     tokens: list[int] = field(default_factory=list)
     busy: bool = False
     last_used: int = 0
-    session: str | None = None
+    session: str | None = None  # pinned to this session
     exact: int = 0
+    conversation: str | None = None  # the session of the request that last ran here
 
 
 @dataclass(frozen=True)
@@ -147,8 +150,14 @@ class KVSlots:
             )
         slot.busy = True
         slot.session = None
+        slot.conversation = session
         slot.last_used = next(self._clock)
         return slot
+
+    def conversations(self) -> set[str]:
+        """The sessions whose conversation some slot's KV holds, in a slot running its turn
+        or kept since (pinned or not). Read from any thread: a moment's picture."""
+        return {s.conversation for s in list(self.slots) if s.conversation is not None}
 
     def release(self, slot: Slot, session: str | None = None) -> None:
         """The slot's sequence is done; its KV stays resident for reuse, pinned to

@@ -168,6 +168,8 @@ class RoutingStats:
     stored: list[bytes] = field(default_factory=list)  # chunks it wrote to the shared disk
     shared_cache: bool = False  # whether it reads and writes the fleet's disk cache
     serial: int = 0  # increases with every report
+    # Recent sessions: turns it served of each, and whether its slots still hold it.
+    sessions: dict[str, tuple[int, bool]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -178,6 +180,7 @@ class RoutingStats:
             "stored": [h.hex() for h in self.stored],
             "shared_cache": self.shared_cache,
             "serial": self.serial,
+            "sessions": {s: [turns, held] for s, (turns, held) in self.sessions.items()},
         }
 
     @classmethod
@@ -190,6 +193,10 @@ class RoutingStats:
             stored=[bytes.fromhex(h) for h in data.get("stored", ())],
             shared_cache=bool(data.get("shared_cache", False)),
             serial=int(data.get("serial", 0)),
+            sessions={
+                str(s): (int(turns), bool(held))
+                for s, (turns, held) in dict(data.get("sessions", {})).items()
+            },
         )
 
 
@@ -343,6 +350,8 @@ class FleetAffinity:
             return
         view.serial = stats.serial
         view.slots, view.shared_cache = stats.slots, stats.shared_cache
+        for session, (turns, held) in stats.sessions.items():
+            self._engine_says(replica_id, session, turns, held)
         view.held = []
         pinned = self._pinned_tails(replica_id)
         for chain in [*stats.resident, *view.routed_since_report]:
@@ -352,6 +361,21 @@ class FleetAffinity:
         view.others = max(0, stats.queued + stats.running - len(view.backlog))
         if stats.shared_cache:
             self.shared.add(stats.stored)
+
+    def _engine_says(self, replica_id: str, session: str, turns: int, held: bool) -> None:
+        """A replica's engine holds `session`'s conversation in a slot or not, after
+        serving `turns` turns of it. Believed only of a session living there with no turn
+        in flight, once the router has seen as many of its turns complete there: a report
+        taken before its last turn ended says nothing of that turn's slot."""
+        place = self.sessions.get(session)
+        if place is None or place.replica != replica_id or place.turns_in_flight:
+            return
+        if place.served_here != turns or place.kept == held:
+            return
+        if held:
+            place.kept = True
+        else:
+            self._lose(session)
 
     def set_queue(self, replica_id: str, queued_and_running: int) -> None:
         """A fresher count of a replica's requests (Serve's queue-length cache, which

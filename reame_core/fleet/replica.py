@@ -34,13 +34,17 @@ log = structlog.get_logger(__name__)
 # each report: enough for the routers to learn them within a few reports, small enough to
 # send every few seconds.
 REPORTED_STORED = 64
+# Sessions whose turns this replica served that it reports on, the most recent.
+REPORTED_SESSIONS = 256
 
 
 class ServedPrefixes:
     """A replica's record of the prompts it computed: the last `slots` of them are what its
     slots hold, except that the engine keeps the slots of its most recent sessions pinned
     (`pinnable`), so their conversations stay while other prompts pass; with a shared
-    disk cache, the recent ones are there for every replica to restore."""
+    disk cache, the recent ones are there for every replica to restore. And the turns it
+    served of each recent session, reported with whether the engine's slots still hold
+    that conversation (the engine's word, not this record's guess)."""
 
     def __init__(self, slots: int, shared_cache: bool, chunk_chars: int = CHUNK_CHARS) -> None:
         self.slots = slots
@@ -49,6 +53,7 @@ class ServedPrefixes:
         self._resident: OrderedDict[bytes, list[bytes]] = OrderedDict()
         self._recent_stored: OrderedDict[bytes, list[bytes]] = OrderedDict()
         self._sessions: OrderedDict[str, bytes] = OrderedDict()  # session -> its prompt's tail
+        self._turns: OrderedDict[str, tuple[int, bytes]] = OrderedDict()  # turns served, tail
         self._serial = 0
         self._lock = threading.Lock()
 
@@ -63,6 +68,10 @@ class ServedPrefixes:
         stored = chain if stored_chars is None else chain[: stored_chars // self.chunk_chars]
         with self._lock:
             if session is not None:
+                turns = self._turns.pop(session, (0, b""))[0]
+                self._turns[session] = (turns + 1, chain[-1])
+                while len(self._turns) > REPORTED_SESSIONS:
+                    self._turns.popitem(last=False)
                 self._sessions[session] = chain[-1]
                 self._sessions.move_to_end(session)
                 while len(self._sessions) > pinnable(self.slots):
@@ -71,14 +80,30 @@ class ServedPrefixes:
             if self.shared_cache and stored:
                 _remember(self._recent_stored, stored, REPORTED_STORED)
 
-    def report(self, queued: int, running: int) -> RoutingStats:
+    def report(
+        self, queued: int, running: int, conversations: set[str] | None = None
+    ) -> RoutingStats:
+        """What the routers need; `conversations`, the sessions whose conversation the
+        engine's slots hold now (None: unknown), corrects the record: a session not among
+        them lost its slot to another request."""
         with self._lock:
             self._serial += 1
+            resident = list(self._resident.values())
+            sessions: dict[str, tuple[int, bool]] = {}
+            if conversations is not None:
+                lost = set()
+                for session, (turns, tail) in self._turns.items():
+                    held = session in conversations
+                    sessions[session] = (turns, held)
+                    if not held:
+                        lost.add(tail)
+                resident = [chain for chain in resident if chain[-1] not in lost]
             return RoutingStats(
                 queued=queued,
                 running=running,
                 slots=self.slots,
-                resident=list(self._resident.values()),
+                resident=resident,
+                sessions=sessions,
                 stored=[h for chain in self._recent_stored.values() for h in chain],
                 shared_cache=self.shared_cache,
                 serial=self._serial,
@@ -144,7 +169,9 @@ class ReameReplica:
         """Ray Serve asks every `request_routing_stats_period_s`; the routers read it."""
         in_flight = self.server.in_flight
         running = min(in_flight, self.prefixes.slots)
-        return self.prefixes.report(in_flight - running, running).as_dict()
+        runtime = self.server.runtime
+        held = runtime.engine.slots.conversations() if runtime is not None else None
+        return self.prefixes.report(in_flight - running, running, held).as_dict()
 
     def check_health(self) -> None:
         """Ray Serve restarts a replica whose health check raises."""

@@ -51,6 +51,7 @@ class SessionPlace:
     kept: bool = True
     ended: float | None = None
     longest_wait: float | None = None
+    served_here: int = 0  # turns completed on `replica` since the session came there
 
 
 class SessionBook:
@@ -99,6 +100,7 @@ class SessionBook:
         place = self.get(session)
         if place is not None and place.turns_in_flight > 0:
             place.turns_in_flight -= 1
+            place.served_here += 1
             if place.turns_in_flight == 0:
                 place.ended = now
 

@@ -336,7 +336,9 @@ def test_a_session_sticks_to_its_replica_over_home_and_backlog() -> None:
 
 
 def test_stats_cross_process_boundaries_as_plain_data() -> None:
-    stats = RoutingStats(1, 2, 4, [prefix_chain(SYSTEM_A)], prefix_chain(SYSTEM_B), True, 9)
+    stats = RoutingStats(
+        1, 2, 4, [prefix_chain(SYSTEM_A)], prefix_chain(SYSTEM_B), True, 9, {"chat": (3, False)}
+    )
     data = json.loads(json.dumps(stats.as_dict()))
     assert RoutingStats.from_dict(data) == stats
 
@@ -583,3 +585,58 @@ def test_a_session_unpinned_by_a_newer_one_stays_while_its_slot_holds_it() -> No
         affinity.routed("r1", prompt, request=3 + n)
         affinity.completed("r1", 3 + n)
     assert affinity.rank(["r1", "r2"], old + "more", session="old").reason != "session"
+
+
+def test_a_replica_reports_its_sessions_as_its_engine_holds_them() -> None:
+    served = ServedPrefixes(slots=2, shared_cache=False)
+    kept, lost = SYSTEM_A + "user: first question", SYSTEM_B + "user: hello"
+    served.served(kept, session="kept")
+    served.served(kept + "user: and then", session="kept")
+    served.served(lost, session="lost")
+    report = served.report(0, 0, conversations={"kept"})
+    assert report.sessions == {"kept": (2, True), "lost": (1, False)}
+    assert report.resident == [prefix_chain(kept + "user: and then")]
+    assert served.report(0, 0).sessions == {}  # an engine that does not say
+
+
+def test_a_session_whose_slot_the_engine_gave_away_is_routed_by_cost() -> None:
+    affinity = fleet("r1", "r2", slots=2)
+    conversation = SYSTEM_A + "user: first question"
+    affinity.routed("r1", conversation, session="chat", request=1)
+    affinity.completed("r1", 1)
+    next_turn = conversation + "assistant: ok\nuser: more"
+    assert affinity.rank(["r1", "r2"], next_turn, "chat").reason == "session"
+    report = RoutingStats(slots=2, serial=2, sessions={"chat": (1, False)})
+    affinity.observe("r1", report)
+    assert affinity.rank(["r1", "r2"], next_turn, "chat").reason != "session"
+    # And the other way: the engine still holds a conversation the router gave up on.
+    affinity.observe(
+        "r1",
+        RoutingStats(
+            slots=2, serial=3, sessions={"chat": (1, True)}, resident=[prefix_chain(conversation)]
+        ),
+    )
+    assert affinity.rank(["r1", "r2"], next_turn, "chat").reason == "session"
+
+
+def test_a_report_older_than_a_sessions_last_turn_says_nothing_of_it() -> None:
+    affinity = fleet("r1", "r2", slots=2)
+    conversation = SYSTEM_A + "user: first question"
+    affinity.routed("r1", conversation, session="chat", request=1)
+    affinity.completed("r1", 1)
+    affinity.routed("r1", conversation + "user: two", session="chat", request=2)
+    # Taken before turn 2 ended (one turn served), or while it runs: not believed.
+    affinity.observe("r1", RoutingStats(slots=2, serial=2, sessions={"chat": (1, False)}))
+    affinity.completed("r1", 2)
+    affinity.observe(
+        "r1",
+        RoutingStats(
+            slots=2,
+            serial=3,
+            sessions={"chat": (1, False)},
+            resident=[prefix_chain(conversation + "user: two")],
+        ),
+    )
+    assert (
+        affinity.rank(["r1", "r2"], conversation + "user: two, three", "chat").reason == "session"
+    )

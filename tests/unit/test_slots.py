@@ -100,6 +100,19 @@ def test_acquire_keeps_busy_sequence_ids_consecutive() -> None:
     assert slots.acquire().seq_id == 1  # 0-2 in one run, where 4 or 5 would make two
 
 
+def test_a_slot_holds_its_sessions_conversation_until_another_request_takes_it() -> None:
+    slots = KVSlots(FakeBackend(n_seq_max=4))  # two pins
+    for session in ("a", "b", "c"):
+        slots.release(slots.acquire(session=session), session)
+    # "a" is unpinned by "c", but nothing has taken its slot yet.
+    assert slots.conversations() == {"a", "b", "c"}
+    assert sum(s.session is not None for s in slots.slots) == 2
+    slots.acquire()  # the free unpinned slot: nobody's conversation
+    assert slots.conversations() == {"a", "b", "c"}
+    slots.acquire()  # the least recently used of the rest: "a"'s
+    assert slots.conversations() == {"b", "c"}
+
+
 def test_released_slot_keeps_its_kv_resident(backend: FakeBackend, slots: KVSlots) -> None:
     slot = slots.acquire()
     fill(backend, slots, slot, [1, 2, 3])
