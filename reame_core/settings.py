@@ -60,7 +60,10 @@ class Settings(BaseSettings):
         None, ge=16, description="Most tokens in one decode step (n_batch); default: 512."
     )
     prefill_chunk: int = Field(
-        128, ge=1, description="Most prompt tokens per step while other streams are decoding."
+        128,
+        ge=1,
+        description="Most prompt tokens per step: streams keep decoding beside a long prompt, "
+        "and a request arriving meanwhile starts after one chunk, not the whole prompt.",
     )
     deterministic: bool = Field(
         True,

@@ -174,23 +174,41 @@ def test_long_prompt_is_prefilled_in_chunks_while_another_stream_decodes(
     assert tokens_per_step == [1] * 13
 
 
-def test_prompt_alone_is_prefilled_in_batches_of_n_batch(
+def test_prompt_alone_is_prefilled_in_chunks_of_prefill_chunk(
     make_engine: MakeEngine, tokenize: Tokenize
 ) -> None:
-    engine = make_engine(start=False, n_batch=32, prefill_chunk=8)
+    engine = make_engine(start=False, n_batch=32, prefill_chunk=24)
     events: list[Event] = []
     engine.submit(request(tokenize("y" * 99), max_tokens=1), events.append)
 
     while not events:
         engine.step()
 
-    assert fake(engine).batch_sizes == [32, 32, 32, 4]
+    assert fake(engine).batch_sizes == [24, 24, 24, 24, 4]
+
+
+def test_a_request_arriving_during_a_long_prompt_waits_for_one_chunk_of_it(
+    make_engine: MakeEngine, tokenize: Tokenize
+) -> None:
+    engine = make_engine(start=False, n_batch=64, prefill_chunk=16)
+    long_events: list[Event] = []
+    engine.submit(request(list(b"x" * 300), max_tokens=1), long_events.append)
+    engine.step()  # the long prompt's first chunk
+    short = tokenize("Hi there")
+    short_events: list[Event] = []
+    engine.submit(request(short, max_tokens=1), short_events.append)
+    engine.step()
+
+    # Computed in the next step, before the long prompt's next chunk, not after its 300
+    # tokens (with calls of n_batch, four more of 64).
+    assert short_events and not long_events
+    assert fake(engine).batch_sizes[1:3] == [len(short), 16 - len(short)]
 
 
 def test_a_short_prompt_is_not_held_behind_a_long_cold_one(
     make_engine: MakeEngine, tokenize: Tokenize
 ) -> None:
-    engine = make_engine(start=False, n_batch=32, prefill_chunk=8)
+    engine = make_engine(start=False, n_batch=32, prefill_chunk=32)
     long_events: list[Event] = []
     short_events: list[Event] = []
     engine.submit(request(list(b"x" * 300), max_tokens=1), long_events.append)
@@ -202,8 +220,8 @@ def test_a_short_prompt_is_not_held_behind_a_long_cold_one(
         engine.step()
         steps += 1
 
-    # The long prompt needs ten full batches; the short one is computed in the first step,
-    # beside the long prompt's first chunk, which takes what is left of the batch.
+    # The long prompt needs ten full chunks; the short one is computed in the first step,
+    # beside the long prompt's first chunk, which takes what is left of the step's budget.
     assert steps == 1
     assert not long_events
     assert fake(engine).batch_sizes[:2] == [len(short), 32 - len(short)]
