@@ -318,7 +318,8 @@ class Scheduler:
         """One batch per prompt chunk, at most `prefill_chunk` prompt tokens a step: a long
         prompt cannot freeze the streams decoding beside it, and a request arriving while
         it is computed starts after one chunk, not after the whole prompt (a call is not
-        interrupted). On CPUs a chunk of 128 costs what a batch of 512 does per token."""
+        interrupted). On CPUs a chunk of 128 costs about what a batch of 512 does per token
+        (benchmarks/prefill_chunk.py)."""
         budget = self.prefill_chunk
         calls = []
         for seq in self._prefill_order(prefilling):

@@ -8,6 +8,7 @@ before that returns, so no request ever meets a loading engine.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -52,8 +53,9 @@ class ServedPrefixes:
         self.chunk_chars = chunk_chars
         self._resident: OrderedDict[bytes, list[bytes]] = OrderedDict()
         self._recent_stored: OrderedDict[bytes, list[bytes]] = OrderedDict()
-        self._sessions: OrderedDict[str, bytes] = OrderedDict()  # session -> its prompt's tail
-        self._turns: OrderedDict[str, tuple[int, bytes]] = OrderedDict()  # turns served, tail
+        # session -> turns served here, its last prompt's tail; the most recent last
+        self._turns: OrderedDict[str, tuple[int, bytes]] = OrderedDict()
+        self._reported_sessions = max(REPORTED_SESSIONS, pinnable(slots))
         self._serial = 0
         self._lock = threading.Lock()
 
@@ -70,15 +72,16 @@ class ServedPrefixes:
             if session is not None:
                 turns = self._turns.pop(session, (0, b""))[0]
                 self._turns[session] = (turns + 1, chain[-1])
-                while len(self._turns) > REPORTED_SESSIONS:
+                while len(self._turns) > self._reported_sessions:
                     self._turns.popitem(last=False)
-                self._sessions[session] = chain[-1]
-                self._sessions.move_to_end(session)
-                while len(self._sessions) > pinnable(self.slots):
-                    self._sessions.popitem(last=False)
-            _remember(self._resident, chain, self.slots, keep=set(self._sessions.values()))
+            _remember(self._resident, chain, self.slots, keep=self._pinned_tails())
             if self.shared_cache and stored:
                 _remember(self._recent_stored, stored, REPORTED_STORED)
+
+    def _pinned_tails(self) -> set[bytes]:
+        """The last prompts of the sessions the engine keeps pinned: its most recent."""
+        recent = itertools.islice(reversed(self._turns.values()), pinnable(self.slots))
+        return {tail for _, tail in recent}
 
     def report(
         self, queued: int, running: int, conversations: set[str] | None = None
