@@ -42,6 +42,10 @@ class TokenSampler:
         self.history: list[int] = list(history[-window:]) if window else []
         self.rng = np.random.default_rng(seed)
         self._plain = self._bias_ids is None and self._eog is None and not window
+        # Greedy with at most EOG masking: the argmax of the model's own row stands unless
+        # it is an EOG token, so most steps need no masked copy of the row.
+        self._greedy_eog_only = params.greedy and self._bias_ids is None and not window
+        self._eog_ids = frozenset(eog) if params.ignore_eos else frozenset()
 
     def fork(self, seed: int | None) -> TokenSampler:
         """A sampler with the same history for a sibling candidate, with its own seed."""
@@ -128,6 +132,10 @@ class TokenSampler:
         return self.probabilities(self.adjust(logits, pending))
 
     def sample(self, logits: np.ndarray, pending: Sequence[int] = ()) -> int:
+        if self._greedy_eog_only:
+            token = int(logits.argmax())
+            if token not in self._eog_ids:
+                return token  # what the masked copy's argmax would be: nothing before it ties
         adjusted = self.adjust(logits, pending)
         if self.params.greedy:
             return int(np.argmax(adjusted))

@@ -48,6 +48,25 @@ def test_ignore_eos_masks_every_end_of_generation_token() -> None:
     assert sampler().sample(row) == 4
 
 
+def test_greedy_ignoring_eos_equals_the_argmax_of_the_masked_row_ties_included() -> None:
+    # Small integer logits make ties and EOG maxima common: the shortcut that skips the
+    # masked copy must pick exactly what the masked row's argmax picks.
+    rng = np.random.default_rng(3)
+    for _ in range(500):
+        row = rng.integers(0, 4, size=8).astype(np.float32)
+        greedy = sampler(ignore_eos=True)
+
+        assert greedy.sample(row) == int(np.argmax(greedy.adjust(row)))
+
+
+def test_greedy_ignoring_eos_samples_the_row_without_changing_it() -> None:
+    row = logits(0.1, 0.2, 0.3, 0.0, 9.0, 8.0)
+
+    sampler(ignore_eos=True).sample(row)
+
+    np.testing.assert_array_equal(row, logits(0.1, 0.2, 0.3, 0.0, 9.0, 8.0))
+
+
 def test_adjust_leaves_the_input_row_untouched() -> None:
     row = logits(1.0, 2.0, -1.0, 0.5, 0.0, 0.0)
 
