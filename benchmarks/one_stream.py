@@ -12,8 +12,16 @@ turns, each request on a prompt neither has seen, greedy, `ignore_eos`. Per requ
 Twice: streamed (a chunk per token) and whole (one JSON body at the end). The ratios are
 medians of per-repetition ratios.
 
+Two servers that stay up all run long compare two processes, and a process's speed here
+depends on where its buffers landed in memory: one `reame serve` measured 0.90-0.96x of
+another with the same settings, consistently over an hour. `--fresh` therefore starts both
+servers anew for every repetition (in turns, which goes first alternating) so that the
+ratio is over many processes. `--raw` adds the ceiling under both: llama.cpp's own decode
+loop (batch, `llama_decode`, argmax, through ctypes; no server, no engine) on a context built
+from Reame's settings, in a fresh process each repetition, compared by decode rate.
+
     .venv/bin/python benchmarks/one_stream.py --llama-server PATH [--serve MODEL]
-        [--reps 7] [--tokens 256]
+        [--reps 7] [--tokens 256] [--fresh] [--raw]
 """
 
 from __future__ import annotations
@@ -86,15 +94,101 @@ def request(port: int, tokens: int, stream: bool) -> tuple[float, dict[str, Any]
     return seconds, timings
 
 
+RAW_PROMPT_TOKENS = 24  # about as long as PROMPT with its tag
+
+
+def raw_child(tokens: int, threads: int, model: str | None) -> None:
+    """llama.cpp's decode loop on a context built as `reame serve` builds it with
+    `http_load.py`'s settings: one sequence, greedy, prints its decode rate as JSON."""
+    import llama_cpp
+    import numpy as np
+
+    from reame_core.runtime import load_backend, prepare
+    from reame_core.settings import Settings
+
+    settings = Settings(
+        parallel=8, ctx=1024, threads=threads, speculate="off", log_level="warning",
+        **({"model": model} if model else {}),
+    )  # fmt: skip
+    backend = load_backend(settings, prepare(settings))
+    ctx = backend._ctx  # type: ignore[attr-defined]
+    n_vocab = backend.info.n_vocab
+    batch = llama_cpp.llama_batch_init(512, 0, 1)
+
+    def decode(rows: list[tuple[int, int]]) -> None:
+        for i, (token, pos) in enumerate(rows):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, pos, 1, 1
+            batch.seq_id[i][0] = 0
+        batch.n_tokens = len(rows)
+        assert llama_cpp.llama_decode(ctx, batch) == 0
+
+    def run(n: int) -> float:
+        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(ctx), 0, -1, -1)
+        prompt = backend.tokenize(f"[{secrets.token_hex(4)}] {PROMPT}", add_special=True,
+                                  parse_special=False)  # fmt: skip
+        decode([(token, pos) for pos, token in enumerate(prompt)])
+        pos = len(prompt)
+        started = time.perf_counter()
+        for _ in range(n):
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), (n_vocab,))
+            decode([(int(logits.argmax()), pos)])
+            pos += 1
+        return n / (time.perf_counter() - started)
+
+    run(8)  # as the servers' first request pays for warming up
+    print(json.dumps({"server_tok_s": run(tokens)}))
+
+
+def raw_rate(tokens: int, threads: int, model: str | None) -> dict[str, float]:
+    argv = [sys.executable, __file__, "--child-raw", str(tokens), str(threads), model or ""]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+class Servers:
+    """Both servers, started together; `--fresh` starts them anew for every repetition."""
+
+    def __init__(self, argvs: dict[str, list[str]], ports: dict[str, int]) -> None:
+        self.argvs, self.ports = argvs, ports
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, order: list[str]) -> None:
+        for name in order:
+            self.processes[name] = subprocess.Popen(
+                self.argvs[name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+        for name in order:
+            port = self.ports[name]
+            if not wait_healthy(f"http://127.0.0.1:{port}", seconds=120):
+                raise RuntimeError(f"{name} did not become healthy on port {port}")
+            request(port, 8, stream=True)  # the first request pays for warming up
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            process.terminate()
+        for process in self.processes.values():
+            process.wait(timeout=30)
+        self.processes = {}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--llama-server", required=True, help="llama.cpp's llama-server binary")
+    parser.add_argument("--llama-server", help="llama.cpp's llama-server binary")
     parser.add_argument("--serve", help="model both servers run (default the embedded one)")
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--fresh", action="store_true", help="new server processes every rep")
+    parser.add_argument("--raw", action="store_true", help="also llama.cpp's raw decode loop")
     parser.add_argument("--name", default="one_stream")
+    parser.add_argument("--child-raw", nargs=3, metavar=("TOKENS", "THREADS", "MODEL"))
     args = parser.parse_args()
+    if args.child_raw:
+        tokens, threads, model = args.child_raw
+        raw_child(int(tokens), int(threads), model or None)
+        return
+    if not args.llama_server:
+        parser.error("--llama-server is required")
 
     from reame_core.models import resolve_model
 
@@ -106,23 +200,22 @@ def main() -> None:
             ports["llama-server"], slots=8, ctx=8192,
         ),
     }  # fmt: skip
-    processes = {
-        name: subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for name, argv in argvs.items()
-    }
+    servers = Servers(argvs, ports)
+    names = list(argvs)
     samples: dict[str, dict[str, list[dict[str, float]]]] = {
-        mode: {name: [] for name in processes} for mode in ("streamed", "whole")
+        mode: {name: [] for name in names} for mode in ("streamed", "whole")
     }
+    raw: list[float] = []
     try:
-        for port in ports.values():
-            if not wait_healthy(f"http://127.0.0.1:{port}", seconds=120):
-                raise RuntimeError(f"no server became healthy on port {port}")
-            request(port, 8, stream=True)  # the first request pays for warming up
+        if not args.fresh:
+            servers.start(names)
         for rep in range(args.reps):
+            order = names if rep % 2 == 0 else names[::-1]
+            if args.fresh:
+                servers.start(order)
             for mode, runs in samples.items():
-                order = list(processes) if rep % 2 == 0 else list(processes)[::-1]
                 for name in order:
-                    pid = processes[name].pid
+                    pid = servers.processes[name].pid
                     main_before, rest_before = thread_cpu(pid)
                     seconds, timings = request(ports[name], args.tokens, mode == "streamed")
                     main_after, rest_after = thread_cpu(pid)
@@ -133,13 +226,15 @@ def main() -> None:
                             1e6 * (main_after - main_before) / args.tokens,
                         "other_threads_cpu_per_wall": (rest_after - rest_before) / seconds,
                     })  # fmt: skip
+            if args.fresh:
+                servers.stop()
+            if args.raw:  # with the servers stopped where they are fresh, idle otherwise
+                raw.append(raw_rate(args.tokens, args.threads, args.serve)["server_tok_s"])
             print(json.dumps({m: {n: round(r[-1]["client_tok_s"], 1) for n, r in v.items()}
-                              for m, v in samples.items()}), flush=True)  # fmt: skip
+                              for m, v in samples.items()} | ({"raw": round(raw[-1], 1)}
+                              if raw else {})), flush=True)  # fmt: skip
     finally:
-        for process in processes.values():
-            process.terminate()
-        for process in processes.values():
-            process.wait(timeout=30)
+        servers.stop()
 
     report: dict[str, Any] = {"modes": {}}
     for mode, runs in samples.items():
@@ -154,13 +249,20 @@ def main() -> None:
             row[f"reame_vs_llama_server_{key}_by_rep"] = [
                 round(a / b, 3) for a, b in zip(ours, theirs, strict=True)
             ]
+        if raw:
+            for name, rs in runs.items():
+                own = [r["server_tok_s"] for r in rs]
+                row[f"{name}_vs_raw_server_tok_s"] = round(median_ratio(own, raw), 3)
         report["modes"][mode] = row
         print(json.dumps({mode: row}), flush=True)
+    if raw:
+        report["raw"] = {"server_tok_s": round(statistics.median(raw), 2), "by_rep": raw}
     report.update(
         model=args.serve or "smollm2-135m (embedded, Q4_1)",
         threads=args.threads,
         tokens=args.tokens,
         reps=args.reps,
+        fresh_processes=args.fresh,
         command=" ".join(["python", "benchmarks/one_stream.py", *sys.argv[1:]]),
     )
     print(f"\nwritten to {write_report(args.name, report)}")
