@@ -63,8 +63,9 @@ def thread_cpu(pid: int) -> tuple[float, float]:
     return main, rest
 
 
-def request(port: int, tokens: int, stream: bool) -> tuple[float, dict[str, Any]]:
-    """One completion; returns its wall seconds and the server's timings."""
+def completion(port: int, tokens: int, stream: bool) -> tuple[float, bytes]:
+    """One greedy completion of `tokens` on a prompt nothing has seen; returns its wall
+    seconds and the response body as sent (SSE lines when streamed)."""
     body = {
         "prompt": f"[{secrets.token_hex(4)}] {PROMPT}",
         "max_tokens": tokens,
@@ -85,6 +86,12 @@ def request(port: int, tokens: int, stream: bool) -> tuple[float, dict[str, Any]
         data += chunk
     seconds = time.perf_counter() - started
     connection.close()
+    return seconds, data
+
+
+def request(port: int, tokens: int, stream: bool) -> tuple[float, dict[str, Any]]:
+    """One completion; returns its wall seconds and the server's timings."""
+    seconds, data = completion(port, tokens, stream)
     if not stream:
         return seconds, json.loads(data)["timings"]
     timings: dict[str, Any] = {}

@@ -24,11 +24,9 @@ include llama.cpp's worker.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import mmap
 import os
-import secrets
 import statistics
 import struct
 import subprocess
@@ -41,8 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import free_port, wait_healthy, write_report
-
-PROMPT = "Story: once upon a time, in a small village by the sea, there lived"
+from one_stream import completion
 
 
 def serve_child(port: int, step_ms: float, cache_dir: str, model: str) -> None:
@@ -109,24 +106,7 @@ def thread_seconds(pid: int, engine_tid: int, model_cpu: Path) -> dict[str, floa
 
 def request(port: int, tokens: int, stream: bool) -> int:
     """One completion; returns the tokens generated."""
-    body = {
-        "prompt": f"[{secrets.token_hex(4)}] {PROMPT}",
-        "max_tokens": tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": stream,
-        **({"stream_options": {"include_usage": True}} if stream else {}),
-    }
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    connection.request(
-        "POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"}
-    )
-    response = connection.getresponse()
-    assert response.status == 200, response.status
-    data = b""
-    while chunk := response.read1(65536):
-        data += chunk
-    connection.close()
+    _seconds, data = completion(port, tokens, stream)
     if not stream:
         return int(json.loads(data)["usage"]["completion_tokens"])
     for line in data.decode().splitlines():
