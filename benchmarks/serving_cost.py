@@ -18,7 +18,7 @@ with a real vocabulary and with the caches a decode leaves cold; "other threads"
 include llama.cpp's worker.
 
     .venv/bin/python benchmarks/serving_cost.py [--tokens 256] [--reps 5] [--step-ms 10]
-        [--model fake|NAME|PATH] [--name serving_cost]
+        [--model fake|NAME|PATH] [--uvicorn auto|asyncio+h11|...] [--name serving_cost]
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from common import free_port, wait_healthy, write_report
 from one_stream import completion
 
 
-def serve_child(port: int, step_ms: float, cache_dir: str, model: str) -> None:
+def serve_child(port: int, step_ms: float, cache_dir: str, model: str, stack: str) -> None:
     """`reame serve`'s app and runtime with every installed plugin, on `model` (a name or
     path; "fake" for the fake model). The CPU the engine thread spends inside the model's
     decode is counted apart, in a file the parent reads: it is not serving."""
@@ -85,7 +85,10 @@ def serve_child(port: int, step_ms: float, cache_dir: str, model: str) -> None:
     engine_thread = server.runtime.engine._thread
     assert engine_thread is not None
     (Path(cache_dir) / "engine_tid").write_text(str(engine_thread.native_id))
-    uvicorn.run(app, host="127.0.0.1", port=port, log_config=None, access_log=False)
+    loop, http = stack.split("+") if stack != "auto" else ("auto", "auto")
+    uvicorn.run(
+        app, host="127.0.0.1", port=port, log_config=None, access_log=False, loop=loop, http=http
+    )
 
 
 def thread_seconds(pid: int, engine_tid: int, model_cpu: Path) -> dict[str, float]:
@@ -144,11 +147,16 @@ def main() -> None:
     parser.add_argument("--step-ms", type=float, default=10.0)
     parser.add_argument("--name", default="serving_cost")
     parser.add_argument("--model", default="fake", help="a model name or path; default fake")
-    parser.add_argument("--child-serve", nargs=4, metavar=("PORT", "STEP_MS", "DIR", "MODEL"))
+    parser.add_argument(
+        "--uvicorn",
+        default="auto",
+        help="uvicorn's event loop and HTTP parser, e.g. asyncio+h11 (default: its own choice)",
+    )
+    parser.add_argument("--child-serve", nargs=5, metavar=("PORT", "STEP_MS", "DIR", "MODEL", "UV"))
     args = parser.parse_args()
     if args.child_serve:
-        port, step_ms, cache_dir, model = args.child_serve
-        serve_child(int(port), float(step_ms), cache_dir, model)
+        port, step_ms, cache_dir, model, stack = args.child_serve
+        serve_child(int(port), float(step_ms), cache_dir, model, stack)
         return
 
     port = free_port()
@@ -162,6 +170,7 @@ def main() -> None:
             str(args.step_ms),
             cache_dir,
             args.model,
+            args.uvicorn,
         ]
         process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
@@ -195,6 +204,7 @@ def main() -> None:
         "tokens": args.tokens,
         "reps": args.reps,
         "model": args.model,
+        "uvicorn": args.uvicorn,
         "step_ms": args.step_ms if args.model == "fake" else None,
         "command": " ".join(["python", "benchmarks/serving_cost.py", *sys.argv[1:]]),
     }

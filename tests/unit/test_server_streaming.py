@@ -8,7 +8,10 @@ sent, byte for byte; `test_server_concurrency.py` checks what happens while it i
 from __future__ import annotations
 
 import json
+import re
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,6 +22,11 @@ from litestar.testing import TestClient
 
 from reame_core.backend.base import Batch, DecodeError
 from reame_core.backend.fake import FakeBackend
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 Client = TestClient[Litestar]
 CHAT = "/v1/chat/completions"
@@ -305,3 +313,14 @@ def test_generation_failure_is_a_500_in_openai_shape(serve: Callable[..., Client
         }
     }
     assert "failed" in response.json()["error"]["message"]
+
+
+def test_reame_depends_on_uvicorns_fast_event_loop_and_http_parser() -> None:
+    # uvicorn serves with uvloop and httptools only when they are installed; without them a
+    # streamed token costs the event loop about half as much CPU again (docs/BENCHMARKS.md,
+    # "One stream, over fresh processes"). They must come with Reame, not with another extra.
+    pyproject = Path(__file__).parents[2] / "pyproject.toml"
+    requirements = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    names = {re.split(r"[\s;<>=!~\[]", requirement, maxsplit=1)[0] for requirement in requirements}
+
+    assert {"uvloop", "httptools"} <= names
