@@ -5,7 +5,8 @@ every microsecond of CPU the server spends anywhere else comes out of decoding: 
 thread's Python between decode calls (scheduling, sampling, committing, hooks) and the
 event loop's work to send each token. Timed by the wall clock against a real model, these
 costs hide in the host's noise (a few percent, where repetitions differ by ten). Timed as
-CPU time against a model that costs none, they do not: this script serves `reame serve`'s
+CPU time they are steadier (the host's speed still moves them, by up to a third between
+runs here: compare side by side, alternating). This script serves `reame serve`'s
 app over HTTP with every installed plugin, on a fake model whose decode sleeps
 `--step-ms` (releasing the GIL as llama.cpp's does), and reads from /proc the CPU time of
 the server's event loop (its main thread) and of its engine thread per generated token.
