@@ -157,3 +157,59 @@ def write_report(name: str, report: dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(report, indent=2) + "\n")
     return path
+
+
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """CPU seconds each thread of process `pid` has run so far, by thread id, from the
+    scheduler's nanosecond counts (/proc/PID/task/TID/schedstat; Linux)."""
+    seconds = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            ran = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]
+        except FileNotFoundError:  # the thread ended
+            continue
+        seconds[int(tid)] = int(ran) / 1e9
+    return seconds
+
+
+def raw_decode(backend: Any, prompts: Sequence[Sequence[int]], tokens: int) -> tuple[float, float]:
+    """llama.cpp's own decode loop on `backend`'s context, no engine: prompt i as sequence
+    i, all in one batch, then `tokens` greedy steps of one token per sequence (batch,
+    `llama_decode`, argmax, through ctypes). Returns the prompts' seconds and the steps'."""
+    import llama_cpp
+    import numpy as np
+
+    ctx = backend._ctx
+    n = len(prompts)
+    batch = llama_cpp.llama_batch_init(max(512, sum(map(len, prompts))), 0, 1)
+
+    def decode(rows: list[tuple[int, int, int, bool]]) -> None:  # seq, token, position, logits
+        for i, (seq, token, pos, want) in enumerate(rows):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, pos, 1, want
+            batch.seq_id[i][0] = seq
+        batch.n_tokens = len(rows)
+        assert llama_cpp.llama_decode(ctx, batch) == 0
+
+    try:
+        for seq in range(n):
+            llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(ctx), seq, -1, -1)
+        started = time.perf_counter()
+        decode(
+            [
+                (seq, token, pos, pos == len(prompt) - 1)
+                for seq, prompt in enumerate(prompts)
+                for pos, token in enumerate(prompt)
+            ]
+        )
+        prompted = time.perf_counter()
+        positions = [len(prompt) for prompt in prompts]
+        for _ in range(tokens):  # one row of logits per sequence, in sequence order
+            logits = np.ctypeslib.as_array(
+                llama_cpp.llama_get_logits(ctx), shape=(n, backend.info.n_vocab)
+            )
+            decode([(seq, int(token), positions[seq], True)
+                    for seq, token in enumerate(logits.argmax(axis=1))])  # fmt: skip
+            positions = [pos + 1 for pos in positions]
+        return prompted - started, time.perf_counter() - prompted
+    finally:
+        llama_cpp.llama_batch_free(batch)

@@ -30,9 +30,6 @@ CONTEXT = {"n_ctx_seq": 1024, "n_seq_max": 8, "n_batch": 512, "deterministic": T
 
 
 def child(mode: str, streams: int, tokens: int, threads: int) -> float:
-    import llama_cpp
-    import numpy as np
-
     from reame_core.backend.llama import LlamaBackend
     from reame_core.engine.engine import Engine
     from reame_core.models import resolve_model
@@ -45,44 +42,10 @@ def child(mode: str, streams: int, tokens: int, threads: int) -> float:
     ]
 
     if mode == "raw":
-        ctx = backend._ctx
-        memory = llama_cpp.llama_get_memory(ctx)
-        batch = llama_cpp.llama_batch_init(512, 0, 1)
-        n_vocab = backend.info.n_vocab
+        from common import raw_decode
 
-        def raw_run(n_tokens: int) -> float:
-            for seq in range(streams):
-                llama_cpp.llama_memory_seq_rm(memory, seq, -1, -1)
-            started = time.perf_counter()
-            i = 0
-            for seq, prompt in enumerate(prompts):
-                for pos, token in enumerate(prompt):
-                    batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, pos, 1
-                    batch.seq_id[i][0] = seq
-                    batch.logits[i] = pos == len(prompt) - 1
-                    i += 1
-            batch.n_tokens = i
-            assert llama_cpp.llama_decode(ctx, batch) == 0
-            positions = [len(p) for p in prompts]
-            for _ in range(n_tokens):
-                logits = np.ctypeslib.as_array(
-                    llama_cpp.llama_get_logits(ctx), shape=(streams, n_vocab)
-                )
-                for seq, token in enumerate(logits.argmax(axis=1)):
-                    batch.token[seq], batch.pos[seq], batch.n_seq_id[seq] = (
-                        int(token),
-                        positions[seq],
-                        1,
-                    )
-                    batch.seq_id[seq][0] = seq
-                    batch.logits[seq] = 1
-                    positions[seq] += 1
-                batch.n_tokens = streams
-                assert llama_cpp.llama_decode(ctx, batch) == 0
-            return time.perf_counter() - started
-
-        raw_run(8)  # warm up
-        return raw_run(tokens)
+        raw_decode(backend, prompts, 8)  # warm up
+        return sum(raw_decode(backend, prompts, tokens))
 
     engine = Engine(backend, speculate="off").start()  # the plain engine against the raw loop
     params = SamplingParams(max_tokens=tokens, ignore_eos=True)

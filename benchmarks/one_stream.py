@@ -8,7 +8,7 @@ turns, each request on a prompt neither has seen, greedy, `ignore_eos`. Per requ
   - the server's own decode rate, from its `timings` (`predicted_per_second`);
   - the CPU each server process used, split into its main thread (Reame's event loop,
     which writes the HTTP response) and the rest (the decoding threads), from
-    /proc/PID/task/*/stat.
+    /proc/PID/task/*/schedstat (`common.thread_cpu_seconds`).
 Twice: streamed (a chunk per token) and whole (one JSON body at the end). The ratios are
 medians of per-repetition ratios.
 
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import secrets
 import statistics
 import subprocess
@@ -39,28 +38,25 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import free_port, llama_server_argv, median_ratio, wait_healthy, write_report
+from common import (
+    free_port,
+    llama_server_argv,
+    median_ratio,
+    raw_decode,
+    thread_cpu_seconds,
+    wait_healthy,
+    write_report,
+)
 from http_load import reame_argv
 
 PROMPT = "Story: once upon a time, in a small village by the sea, there lived"
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def thread_cpu(pid: int) -> tuple[float, float]:
     """CPU seconds used so far by the process's main thread and by all its other threads."""
-    main, rest = 0.0, 0.0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        except FileNotFoundError:  # the thread ended
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        seconds = (int(fields[11]) + int(fields[12])) / TICK
-        if int(tid) == pid:
-            main += seconds
-        else:
-            rest += seconds
-    return main, rest
+    seconds = thread_cpu_seconds(pid)
+    main = seconds.pop(pid, 0.0)
+    return main, sum(seconds.values())
 
 
 def completion(port: int, tokens: int, stream: bool) -> tuple[float, bytes]:
@@ -101,15 +97,9 @@ def request(port: int, tokens: int, stream: bool) -> tuple[float, dict[str, Any]
     return seconds, timings
 
 
-RAW_PROMPT_TOKENS = 24  # about as long as PROMPT with its tag
-
-
 def raw_child(tokens: int, threads: int, model: str | None) -> None:
-    """llama.cpp's decode loop on a context built as `reame serve` builds it with
-    `http_load.py`'s settings: one sequence, greedy, prints its decode rate as JSON."""
-    import llama_cpp
-    import numpy as np
-
+    """llama.cpp's decode loop (`common.raw_decode`) on a context built as `reame serve`
+    builds it with `http_load.py`'s settings: one sequence; prints its decode rate as JSON."""
     from reame_core.runtime import load_backend, prepare
     from reame_core.settings import Settings
 
@@ -118,32 +108,14 @@ def raw_child(tokens: int, threads: int, model: str | None) -> None:
         **({"model": model} if model else {}),
     )  # fmt: skip
     backend = load_backend(settings, prepare(settings))
-    ctx = backend._ctx  # type: ignore[attr-defined]
-    n_vocab = backend.info.n_vocab
-    batch = llama_cpp.llama_batch_init(512, 0, 1)
 
-    def decode(rows: list[tuple[int, int]]) -> None:
-        for i, (token, pos) in enumerate(rows):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, pos, 1, 1
-            batch.seq_id[i][0] = 0
-        batch.n_tokens = len(rows)
-        assert llama_cpp.llama_decode(ctx, batch) == 0
+    def rate(n: int) -> float:
+        text = f"[{secrets.token_hex(4)}] {PROMPT}"
+        prompt = backend.tokenize(text, add_special=True, parse_special=False)
+        return n / raw_decode(backend, [prompt], n)[1]
 
-    def run(n: int) -> float:
-        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(ctx), 0, -1, -1)
-        prompt = backend.tokenize(f"[{secrets.token_hex(4)}] {PROMPT}", add_special=True,
-                                  parse_special=False)  # fmt: skip
-        decode([(token, pos) for pos, token in enumerate(prompt)])
-        pos = len(prompt)
-        started = time.perf_counter()
-        for _ in range(n):
-            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), (n_vocab,))
-            decode([(int(logits.argmax()), pos)])
-            pos += 1
-        return n / (time.perf_counter() - started)
-
-    run(8)  # as the servers' first request pays for warming up
-    print(json.dumps({"server_tok_s": run(tokens)}))
+    rate(8)  # as the servers' first request pays for warming up
+    print(json.dumps({"server_tok_s": rate(tokens)}))
 
 
 def raw_rate(tokens: int, threads: int, model: str | None) -> dict[str, float]:

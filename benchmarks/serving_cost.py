@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import free_port, wait_healthy, write_report
+from common import free_port, thread_cpu_seconds, wait_healthy, write_report
 from one_stream import completion
 
 
@@ -97,13 +97,8 @@ def thread_seconds(pid: int, engine_tid: int, model_cpu: Path) -> dict[str, floa
     thread outside the fake model, and of all the others, from the scheduler's
     nanosecond counts."""
     seconds = {"event_loop": 0.0, "engine": 0.0, "other_threads": 0.0}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            ran = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]) / 1e9
-        except FileNotFoundError:  # the thread ended
-            continue
-        name = {pid: "event_loop", engine_tid: "engine"}.get(int(tid), "other_threads")
-        seconds[name] += ran
+    for tid, ran in thread_cpu_seconds(pid).items():
+        seconds[{pid: "event_loop", engine_tid: "engine"}.get(tid, "other_threads")] += ran
     seconds["engine"] -= struct.unpack("d", model_cpu.read_bytes())[0]
     return seconds
 
