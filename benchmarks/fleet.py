@@ -312,6 +312,18 @@ def router_scale(replicas: int, prompts_per_replica: int, sessions: int) -> dict
     }
 
 
+def measure_router_scale() -> list[dict[str, Any]]:
+    """`router_scale` for 10 replicas with 10,000 sessions and 100 with 100,000, printed."""
+    scale = [router_scale(n, 8, 10 * n * 100) for n in (10, 100)]
+    for row in scale:
+        print(
+            f"router state, {row['replicas']} replicas: {row['router_bytes'] / 1e6:.1f} MB, "
+            f"{row['rank_seconds'] * 1e3:.2f} ms a decision",
+            flush=True,
+        )
+    return scale
+
+
 def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per router and disk mode: the medians over repetitions of each run's TTFT p50 and
     p95 and prompt share reused, and, the requests of every repetition pooled, TTFT p50,
@@ -380,9 +392,22 @@ def main() -> int:
     parser.add_argument(
         "--summarize", type=Path, help="recompute the summary of this results file and exit"
     )
+    parser.add_argument(
+        "--router-scale-only",
+        action="store_true",
+        help="measure only the router's state and decision time on synthetic large fleets",
+    )
     args = parser.parse_args()
     if args.summarize:
         resummarize(args.summarize)
+        return 0
+    if args.router_scale_only:
+        scale = measure_router_scale()
+        path = write_report(
+            args.out,
+            {"command": " ".join(["benchmarks/fleet.py", *sys.argv[1:]]), "router_scale": scale},
+        )
+        print(f"wrote {path}")
         return 0
     if args.child:
         print(json.dumps(child(args.router, args.disk, args)))
@@ -408,13 +433,7 @@ def main() -> int:
                     flush=True,
                 )
                 runs.append(run)
-    scale = [router_scale(n, 8, 10 * n * 100) for n in (10, 100)]
-    for row in scale:
-        print(
-            f"router state, {row['replicas']} replicas: {row['router_bytes'] / 1e6:.1f} MB, "
-            f"{row['rank_seconds'] * 1e3:.2f} ms a decision",
-            flush=True,
-        )
+    scale = measure_router_scale()
     summary = summarize(runs)
     path = write_report(
         args.out,

@@ -200,6 +200,16 @@ class RoutingStats:
         )
 
 
+@dataclass(frozen=True)
+class _SlotIndex:
+    """A replica's prompts held and in flight (named by their tails, in order), every
+    chunk hash among them counted once per prompt holding it, and each tail's copies."""
+
+    tails_in_order: tuple[bytes, ...]
+    counts: Counter[bytes]
+    tails: Counter[bytes]
+
+
 @dataclass
 class ReplicaView:
     """The router's picture of one replica."""
@@ -212,6 +222,7 @@ class ReplicaView:
     backlog: Backlog = field(default_factory=Backlog)
     others: int = 0  # requests in flight that this router did not send
     last_routed: int = 0  # when the router last sent it a request (a routing count)
+    _index: _SlotIndex | None = field(default=None, repr=False, compare=False)
 
     @property
     def ongoing(self) -> int:
@@ -247,9 +258,31 @@ class ReplicaView:
     def resident(self, chain: Sequence[bytes], besides: Sequence[bytes] = ()) -> int:
         """Leading chunks of `chain` in this replica's slots (held, or being computed),
         not counting the prompt `besides` itself."""
-        prompts = itertools.chain(self.held, (w.chain for w in self.backlog.in_flight.values()))
-        skip = besides[-1] if besides else None
-        return max((shared_chunks(chain, p) for p in prompts if p and p[-1] != skip), default=0)
+        index = self._slot_index()
+        twins = index.tails[besides[-1]] if besides else 0  # copies of `besides` held
+        if not twins:
+            return matched_chunks(chain, index.counts)
+        # Chained hashes: a chunk of `chain` within its overlap with `besides` is in every
+        # copy of `besides`, so it counts only if some other prompt holds it too.
+        overlap = shared_chunks(chain, besides)
+        return _deepest(
+            len(chain),
+            lambda i: index.counts.get(chain[i - 1], 0) > (twins if i <= overlap else 0),
+        )
+
+    def _slot_index(self) -> _SlotIndex:
+        """The index of the prompts held and in flight, rebuilt when they change: a
+        decision asks each replica about several prompts (the request's, each pinned
+        session's) between two changes."""
+        prompts = [
+            p
+            for p in itertools.chain(self.held, (w.chain for w in self.backlog.in_flight.values()))
+            if p
+        ]
+        tails = tuple(p[-1] for p in prompts)  # chained hashes: a tail names its prompt
+        if self._index is None or self._index.tails_in_order != tails:
+            self._index = _SlotIndex(tails, Counter(h for p in prompts for h in p), Counter(tails))
+        return self._index
 
     def settle(self, ongoing: int) -> list[Work]:
         """A fresh count of the replica's requests: requests the router counts beyond it
@@ -502,7 +535,7 @@ class FleetAffinity:
         in another slot, or on the shared disk; nothing if it is not coming back."""
         if not self.sessions.live(place, now):
             return 0.0
-        conversation = place.chain
+        conversation = list(place.chain)  # unpacked once: it is read chunk by chunk below
         kept = max(
             shared_chunks(conversation, taker),
             view.resident(conversation, besides=conversation),

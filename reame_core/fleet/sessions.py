@@ -21,7 +21,9 @@ long as nothing took it.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 # Seconds after its last turn ended that a session with no rhythm yet counts as coming back.
 SESSION_TTL = 120.0
@@ -36,6 +38,51 @@ def pinnable(slots: int) -> int:
     return slots // 2
 
 
+class PackedChain(Sequence[bytes]):
+    """A prompt's chunk hashes, all of one width, in one bytes object. A session keeps its
+    conversation's chain as long as it lives; as a list of small bytes objects, 100,000
+    sessions' chains were most of a large fleet's router state."""
+
+    __slots__ = ("_data", "_width")
+
+    def __init__(self, chain: Sequence[bytes]) -> None:
+        self._width = len(chain[0]) if chain else 0
+        self._data = b"".join(chain)
+        if len(self._data) != self._width * len(chain):
+            raise ValueError("chunk hashes of different widths")
+
+    def __len__(self) -> int:
+        return len(self._data) // self._width if self._width else 0
+
+    @overload
+    def __getitem__(self, i: int) -> bytes: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[bytes]: ...
+    def __getitem__(self, i: int | slice) -> bytes | list[bytes]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError("chain index out of range")
+        start = (i % n) * self._width
+        return self._data[start : start + self._width]
+
+    def __iter__(self) -> Iterator[bytes]:
+        data, width = self._data, self._width
+        return iter([data[start : start + width] for start in range(0, len(data), width or 1)])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PackedChain):
+            return self._data == other._data and self._width == other._width
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    def __hash__(self) -> int:
+        return hash(self._data)
+
+    def __repr__(self) -> str:
+        return f"PackedChain({list(self)!r})"
+
+
 @dataclass(slots=True)
 class SessionPlace:
     """Where a session lives: its replica, its last turn's prompt, when that turn was
@@ -45,7 +92,7 @@ class SessionPlace:
     (`longest_wait`, None before its second turn)."""
 
     replica: str
-    chain: list[bytes]
+    chain: PackedChain
     last_turn: float
     turns_in_flight: int = 0
     kept: bool = True
@@ -73,9 +120,10 @@ class SessionBook:
     def get(self, session: str | None) -> SessionPlace | None:
         return self.places.get(session) if session is not None else None
 
-    def turn(self, session: str, replica: str, chain: list[bytes], now: float) -> None:
+    def turn(self, session: str, replica: str, chain: Sequence[bytes], now: float) -> None:
         """A turn of `session` was sent to `replica`: the session lives there from now on,
         its conversation in the slot that turn takes."""
+        chain = PackedChain(chain)
         place = self.places.get(session)
         if place is not None and place.replica != replica:
             self._on[place.replica].pop(session, None)

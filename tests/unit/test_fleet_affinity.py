@@ -5,19 +5,31 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from reame_core.fleet.affinity import (
     CHUNK_CHARS,
     UNKNOWN_REQUEST_CHUNKS,
     FleetAffinity,
     PrefixSet,
+    ReplicaView,
     RoutingStats,
     matched_chunks,
     prefix_chain,
+    shared_chunks,
 )
 from reame_core.fleet.backlog import Backlog, Work
 from reame_core.fleet.forwarding import forwarded, routing_text
 from reame_core.fleet.replica import ServedPrefixes
-from reame_core.fleet.sessions import RETURN_FACTOR, RETURN_FLOOR, SESSION_TTL, SessionBook
+from reame_core.fleet.sessions import (
+    RETURN_FACTOR,
+    RETURN_FLOOR,
+    SESSION_TTL,
+    PackedChain,
+    SessionBook,
+)
 
 SYSTEM_A = "You extract invoice fields as JSON. " * 40
 SYSTEM_B = "You classify support tickets by urgency. " * 40
@@ -53,6 +65,51 @@ def test_prompts_sharing_a_beginning_share_the_chain_up_to_where_they_part() -> 
     shared = len(SYSTEM_A) // CHUNK_CHARS
     assert a[:shared] == b[:shared]
     assert prefix_chain("x" * (CHUNK_CHARS - 1)) == []
+
+
+def test_a_packed_chain_reads_as_the_list_it_packs() -> None:
+    chain = prefix_chain(SYSTEM_A + "Invoice 1")
+    packed = PackedChain(chain)
+    assert len(packed) == len(chain) and list(packed) == chain and packed == chain
+    assert packed[0] == chain[0] and packed[-1] == chain[-1] and packed[2:5] == chain[2:5]
+    assert shared_chunks(packed, chain) == len(chain)
+    assert len(PackedChain([])) == 0 and list(PackedChain([])) == []
+    with pytest.raises(IndexError):
+        packed[len(chain)]
+    with pytest.raises(ValueError):
+        PackedChain([b"12345678", b"123"])
+
+
+# Prompts over a small alphabet of chunks, so that they share beginnings often.
+_prompts = st.lists(st.text(alphabet="ab", min_size=0, max_size=6), min_size=0, max_size=6)
+
+
+@given(held=_prompts, in_flight=_prompts, asked=st.text(alphabet="ab", max_size=6),
+       besides=st.one_of(st.none(), st.integers(0, 11)))  # fmt: skip
+@settings(max_examples=300, deadline=None)
+def test_resident_is_the_deepest_prefix_any_other_prompt_shares(
+    held: list[str], in_flight: list[str], asked: str, besides: int | None
+) -> None:
+    """`ReplicaView.resident` answers from an index of the prompts held and in flight;
+    checked against its definition, prompt by prompt, with copies of `besides` skipped."""
+    chains = [prefix_chain(t, chunk_chars=1) for t in held + in_flight]
+    view = ReplicaView(slots=len(held) or 1, held=chains[: len(held)])
+    for i, chain in enumerate(chains[len(held) :]):
+        view.backlog.add(("r", i), Work(chain, 1.0), now=0.0)
+    skip = chains[besides] if besides is not None and besides < len(chains) else []
+    chain = prefix_chain(asked, chunk_chars=1)
+    expected = max(
+        (shared_chunks(chain, p) for p in chains if p and (not skip or p[-1] != skip[-1])),
+        default=0,
+    )
+    assert view.resident(chain, besides=skip) == expected
+    view.held = view.held[:1]  # a change the index must notice
+    kept = view.held + [w.chain for w in view.backlog.in_flight.values()]
+    expected = max(
+        (shared_chunks(chain, p) for p in kept if p and (not skip or p[-1] != skip[-1])),
+        default=0,
+    )
+    assert view.resident(chain, besides=skip) == expected
 
 
 def test_chain_differs_from_the_first_differing_chunk_on() -> None:
