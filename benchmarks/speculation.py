@@ -134,14 +134,17 @@ def summed(counts: list[dict[str, int]]) -> dict[str, int]:
     return total
 
 
-def ceiling(model_path: str | None, threads: int) -> dict[str, Any]:
-    """Prompt rate and plain decode rate of this host for the model (raw backend calls)."""
+def ceiling(model_path: str | None, threads: int, streams: int = 1) -> dict[str, Any]:
+    """Prompt rate and plain decode rate of this host for the model (raw backend calls);
+    with `streams` > 1 also llama.cpp's raw decode loop over that many sequences in one
+    batch (`batched_decode_tok_s`: the most plain decoding gives with that many answers
+    under way)."""
     from reame_core.backend.base import Batch
     from reame_core.backend.llama import LlamaBackend
     from reame_core.models import resolve_model
 
     model = resolve_model(model_path)
-    backend = LlamaBackend(model.path, n_ctx_seq=2048, n_seq_max=1, n_threads=threads)
+    backend = LlamaBackend(model.path, n_ctx_seq=2048, n_seq_max=max(1, streams), n_threads=threads)
     prompt_rates, decode_rates = [], []
     for _ in range(3):
         backend.seq_rm(0, -1, -1)
@@ -158,9 +161,19 @@ def ceiling(model_path: str | None, threads: int) -> dict[str, Any]:
             single.add(token, position, 0, True)
             token = int(backend.decode(single)[0].argmax())
         decode_rates.append(128 / (time.perf_counter() - started))
+    batched: dict[str, Any] = {}
+    if streams > 1:
+        from common import raw_decode
+
+        prompts = [[100 + (s * 37 + i) % 1000 for i in range(64)] for s in range(streams)]
+        seconds = [raw_decode(backend, prompts, 64)[1] for _ in range(3)]
+        batched = {
+            "batched_streams": streams,
+            "batched_decode_tok_s": streams * 64 / statistics.median(seconds),
+        }
     backend.close()
     prompt, decode = statistics.median(prompt_rates), statistics.median(decode_rates)
-    return {"prompt_tok_s": prompt, "decode_tok_s": decode, "ceiling": prompt / decode}
+    return {"prompt_tok_s": prompt, "decode_tok_s": decode, "ceiling": prompt / decode, **batched}
 
 
 # ----------------------------------------------------------------- llama-server
@@ -214,8 +227,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.child is not None:
         kind, *rest = args.child
-        if kind == "ceiling":
-            print(json.dumps(ceiling(args.model, args.threads)))
+        if kind == "ceiling":  # ceiling [STREAMS]
+            sys.path.insert(0, str(Path(__file__).parent))
+            streams = int(rest[0]) if rest else 1
+            print(json.dumps(ceiling(args.model, args.threads, streams)))
         else:
             result = child(
                 kind, rest[0], args.model, args.threads, args.draft_max, args.draft_model

@@ -129,7 +129,9 @@ def main() -> None:
     trace = load_trace(args.trace)
     slots, ctx = plan = reame_plan(model)
     speculation = str(Path(__file__).parent / "speculation.py")
-    host = measure(speculation, "ceiling", "--threads", str(args.threads), "--model", model)
+    host = measure(
+        speculation, "ceiling", str(slots), "--threads", str(args.threads), "--model", model
+    )
     print(json.dumps({k: round(v, 2) for k, v in host.items()}), flush=True)
 
     chosen = [name for name in SERVERS if name in args.only.split(",")]
@@ -140,7 +142,7 @@ def main() -> None:
             for server in chosen if rep % 2 == 0 else reversed(chosen):
                 outcomes = one_replay(server, args, model, plan, trace)
                 replays[server].append(outcomes)
-                samples[server].append(summary(outcomes, count))
+                samples[server].append({**summary(outcomes, count), **work_floor(outcomes, host)})
                 print(json.dumps({"rep": rep, "server": server, **samples[server][-1]}), flush=True)
     rows = {server: _row(runs) for server, runs in samples.items()}
     if len(samples) == len(SERVERS):
@@ -188,12 +190,27 @@ def main() -> None:
         )
 
 
+def work_floor(outcomes: list[Outcome], host: dict[str, Any]) -> dict[str, Any]:
+    """The least time the work a server says it did could take on this host: the prompt
+    tokens it computed at the raw prompt rate, plus the tokens it decoded at the raw rate
+    of as many sequences decoded together as it has slots (plain decoding, with every slot
+    busy; drafts verified in passes of several tokens could beat this by at most what
+    benchmarks/pass_cost.py allows). Arrivals, queueing and serving are not in it."""
+    if not all(o.timings for o in outcomes if o.error is None):
+        return {}
+    summed = summary(outcomes, lambda text: 0)
+    prompt_s = summed["computed_prompt_tokens"] / host["prompt_tok_s"]
+    decode_s = summed["decoded_tokens"] / host["batched_decode_tok_s"]
+    return {"work_floor_s": round(prompt_s + decode_s, 2)}
+
+
 def _row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians over the repetitions, validity summed."""
     median = {
         key: round(statistics.median(run[key] for run in runs), 3)
         for key in ("completion_s", "useful_tok_s", "ttft_p50_s", "ttft_p95_s",
-                    "latency_p50_s", "latency_p95_s")
+                    "latency_p50_s", "latency_p95_s", "work_floor_s")
+        if all(key in run for run in runs)
     }  # fmt: skip
     return {
         **median,

@@ -41,6 +41,7 @@ class Outcome:
     content: str = ""
     finish_reason: str | None = None
     usage: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, Any] = field(default_factory=dict)  # the server's own, if it sends them
     valid: bool | None = None  # structured answers only (`trace.check`)
     error: str | None = None
 
@@ -75,7 +76,7 @@ def send(server: Server, request: Request, messages: Sequence[Any], started: flo
 
 def _read(response: http.client.HTTPResponse, outcome: Outcome, started: float) -> None:
     """The answer's server-sent events into `outcome`: its text, the moment of its first
-    piece, its finish reason and usage."""
+    piece, its finish reason, usage and timings."""
     pieces: list[str] = []
     for line in response:
         if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
@@ -89,6 +90,8 @@ def _read(response: http.client.HTTPResponse, outcome: Outcome, started: float) 
             outcome.finish_reason = choice.get("finish_reason") or outcome.finish_reason
         if chunk.get("usage"):
             outcome.usage = chunk["usage"]
+        if chunk.get("timings"):
+            outcome.timings = chunk["timings"]
     outcome.content = "".join(pieces)
 
 

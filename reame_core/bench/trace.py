@@ -167,6 +167,10 @@ def summary(outcomes: Sequence[Outcome], count: Count) -> dict[str, Any]:
             for o in outcomes
         ),
         "prompt_tokens": sum(int(o.usage.get("prompt_tokens", 0)) for o in outcomes),
+        # What the server says it computed (llama-server's `timings` names, which Reame
+        # shares): prompt tokens not taken from a cache, output tokens not recalled.
+        "computed_prompt_tokens": sum(int(o.timings.get("prompt_n", 0)) for o in outcomes),
+        "decoded_tokens": sum(int(o.timings.get("predicted_n", 0)) for o in outcomes),
         "ttft_p50_s": round(statistics.median(o.ttft for o in finished), 3),
         "ttft_p95_s": round(percentile([o.ttft for o in finished], 0.95), 3),
         "latency_p50_s": round(statistics.median(o.latency for o in finished), 3),

@@ -191,6 +191,29 @@ def test_a_replay_sample_reports_useful_tokens_ttft_and_valid_answers() -> None:
     assert sample.outputs is not None
 
 
+def test_the_replay_keeps_the_servers_timings_and_the_summary_sums_the_work_done() -> None:
+    """What a server says it computed (its `timings`) is kept per answer: a trace's work
+    floor is priced from it (benchmarks/trace.py)."""
+    part = [r for r in TRACE if r["kind"] == "rewrite"][:2]
+    asked: list[tuple[list[str], dict[str, str]]] = []
+    with fake_reame(asked) as serve, serve([], {}) as server:
+        first = replay(server, part, pace=0.0)
+        again = replay(server, part, pace=0.0)  # the same prompts: now found in a slot
+    for outcome in first:
+        assert outcome.error is None
+        assert outcome.timings["predicted_n"] == outcome.usage["completion_tokens"] > 0
+        cached = outcome.usage["prompt_tokens_details"]["cached_tokens"]
+        assert outcome.timings["prompt_n"] + cached == outcome.usage["prompt_tokens"]
+    figures = summary(first, words)
+    assert figures["decoded_tokens"] == figures["completion_tokens"]
+    assert (
+        figures["computed_prompt_tokens"] + figures["cached_prompt_tokens"]
+        == figures["prompt_tokens"]
+    )
+    repeated = summary(again, words)
+    assert repeated["computed_prompt_tokens"] < repeated["prompt_tokens"]
+
+
 def test_a_replay_where_every_request_fails_is_an_error() -> None:
     with pytest.raises(RuntimeError, match="every request"):
         replay_sample(Server("http://127.0.0.1:9"), trace_for(3, 8), 0.0, words, compare=False)
