@@ -2,11 +2,13 @@
 
 It owns the waiting queue and the requests in flight. It admits a waiting request into
 free slots when they suffice, reusing the longest prefix resident in a slot and then a
-longer stored one (hook `reame_prefix_lookup`), and learns where the prompt's prefixes are
-worth storing (`reame_prefix_store_points`; a chunk ends there and its state goes to
-`reame_prefix_store`). Each step it plans the decodes: one batch with every decoding
-sequence's next token plus the drafts the governor chose among those the sources offered
-(`reame_propose_drafts`), and one batch per prompt chunk.
+longer stored one (hook `reame_prefix_lookup`); a prompt whose beginning another slot is
+computing right now waits for those chunks and copies them (`Phase.AWAITING_PREFIX`), so
+requests arriving together behind one system prompt compute it once. It learns where the
+prompt's prefixes are worth storing (`reame_prefix_store_points`; a chunk ends there and
+its state goes to `reame_prefix_store`). Each step it plans the decodes: one batch with
+every decoding sequence's next token plus the drafts the governor chose among those the
+sources offered (`reame_propose_drafts`), and one batch per prompt chunk.
 
 It decides what runs and never runs it: the runner decodes the batches, the committer
 turns their rows into tokens.
@@ -202,16 +204,63 @@ class Scheduler:
         self.stats.prompt_tokens += len(prompt)
         self.stats.reused_tokens += 0 if restored else reused
         self.stats.restored_tokens += len(slot.tokens) if restored else 0
+        have = len(slot.tokens)
+        in_flight = self._prefix_in_flight(group, prompt, limit, have)
+        if in_flight is not None:
+            first = group.sequences[0]
+            first.leader, first.leader_prefix = in_flight
+            first.phase = Phase.AWAITING_PREFIX
+            have = first.leader_prefix
         # On the grid: a stored prefix is restored and reused like a resident one.
         group.store_points = sorted(
             {
                 self.slots.reusable(point)
                 for points in self.hook.reame_prefix_store_points(tokens=prompt, model=self.info)
                 for point in points
-                if len(slot.tokens) < self.slots.reusable(point) < len(prompt)
+                if have < self.slots.reusable(point) < len(prompt)
             }
         )
         group.prefill_started = time.perf_counter()
+
+    def _prefix_in_flight(
+        self, group: RequestGroup, prompt: Seq[int], limit: int, have: int
+    ) -> tuple[Candidate, int] | None:
+        """The candidate of another request whose prompt, still being computed, shares the
+        longest beginning with `prompt` beyond the `have` tokens already in this request's
+        slot, and that length (on the grid, at most `limit`); None if none shares more.
+        Only where a copied state can be cut back to the shared length."""
+        if not self.info.prefix_trim_safe:
+            return None
+        best: tuple[Candidate, int] | None = None
+        for other in self.running:
+            if other is group:
+                continue
+            for seq in other.sequences:
+                if seq.phase is not Phase.PREFILL:
+                    continue
+                shared = self.slots.reusable(min(common_prefix(seq.prompt_tokens, prompt), limit))
+                if shared > have and (best is None or shared > best[1]):
+                    best = (seq, shared)
+        return best
+
+    def _join_leader(self, seq: Candidate) -> None:
+        """A candidate waiting for another slot to compute the beginning of its prompt:
+        while that slot computes it, it waits; then it copies what the slot holds of it
+        (all of it, or what there is if the other request ended first) and computes the
+        rest of its prompt itself."""
+        leader, until = seq.leader, seq.leader_prefix
+        assert leader is not None
+        if leader.phase is Phase.PREFILL and leader.n_kv < until:
+            return
+        prompt = seq.prompt_tokens
+        have = seq.n_kv
+        there = self.slots.shared_prefix(leader.slot, prompt, max(0, len(prompt) - 2))
+        if there > have:
+            self.slots.copy(leader.slot, seq.slot, there)
+            seq.group.usage.cached_tokens += there - have
+            self.stats.reused_tokens += there - have
+        seq.leader = None
+        seq.phase = Phase.PREFILL
 
     def _restore_prefix(self, slot: Slot, prompt: Seq[int], reused: int, limit: int) -> bool:
         hit = self.hook.reame_prefix_lookup(tokens=prompt, reused=reused, model=self.info)
@@ -249,6 +298,9 @@ class Scheduler:
         for group in self.running:
             for seq in group.sequences:
                 phase = seq.phase
+                if phase is Phase.AWAITING_PREFIX:
+                    self._join_leader(seq)
+                    phase = seq.phase
                 if phase is Phase.DECODING:
                     decoding.append(seq)
                 elif phase is Phase.PREFILL:

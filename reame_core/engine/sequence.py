@@ -36,6 +36,9 @@ class Phase(enum.Enum):
     # Candidates after the first: the slot is theirs; the prompt's KV is copied into it
     # from candidate 0 once that one has computed it.
     AWAITING_CLONE = "awaiting_clone"
+    # A prompt whose beginning another request's prompt, being computed in another slot,
+    # shares: it waits for those chunks and copies them rather than computing them twice.
+    AWAITING_PREFIX = "awaiting_prefix"
     PREFILL = "prefill"
     DECODING = "decoding"
     FINISHED = "finished"
@@ -62,6 +65,9 @@ class Candidate:
         self.cumulative_logprob = 0.0
         self.held: list[TokenEvent] = []  # output not streamed yet (a plan's hold_back)
         self.prefill_passed = 0  # steps in a row its prompt got no chunk (Scheduler)
+        # In AWAITING_PREFIX: the candidate computing the shared beginning, and its length.
+        self.leader: Candidate | None = None
+        self.leader_prefix = 0
 
     # --------------------------------------------------------- SequenceView
 

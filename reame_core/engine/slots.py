@@ -106,14 +106,20 @@ class KVSlots:
         """
         best: PrefixMatch | None = None
         for slot in self.slots:
-            length = min(common_prefix(slot.tokens, prompt), limit)
-            if self._exact_reuse:
-                length = self.reusable(min(length, slot.exact))
+            length = self.shared_prefix(slot, prompt, limit)
             if not self._trim_safe and length != len(slot.tokens):
                 continue
             if length > 0 and (best is None or length > best.length):
                 best = PrefixMatch(slot, length)
         return best
+
+    def shared_prefix(self, slot: Slot, prompt: Sequence[int], limit: int) -> int:
+        """How many leading tokens of `prompt` (at most `limit`) the slot's KV holds in a
+        form that may be reused (with `exact_reuse`: computed as chunks, on the grid)."""
+        length = min(common_prefix(slot.tokens, prompt), limit)
+        if self._exact_reuse:
+            length = self.reusable(min(length, slot.exact))
+        return length
 
     def stale_session(self, session: str | None = None) -> Slot | None:
         """A free slot pinned to a session (to `session`, if given) whose KV is not all

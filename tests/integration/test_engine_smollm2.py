@@ -267,6 +267,30 @@ def test_session_turns_compute_only_the_new_message_and_give_the_cold_tokens(
         messages.append({"role": "assistant", "content": warm.candidates[0].text})
 
 
+def test_requests_sent_together_behind_one_prompt_compute_it_once_and_give_the_cold_tokens(
+    engine: Engine, backend: LlamaBackend, forget_kv: Forget, generate_together: Together
+) -> None:
+    questions = ["Which wick fits the Classica lamp?", "Do you ship lamp oil to Norway?"]
+    prompts = [chat(backend, question, SYSTEM) for question in questions]
+    requests = [request(prompt, max_tokens=24, ignore_eos=True) for prompt in prompts]
+    before = engine.stats.prefill_tokens
+
+    together = generate_together(engine, requests)
+    computed = engine.stats.prefill_tokens - before
+    cold = []
+    for one in requests:
+        forget_kv(engine)
+        cold.append(engine.generate(one))
+
+    shared = common_prefix(*prompts)
+    on_grid = shared - shared % backend.info.chunk_grid
+    assert shared > 200
+    # The second waited for the first to compute the system prompt, then copied it.
+    assert [f.usage.cached_tokens for f in together] == [0, on_grid]
+    assert computed == len(prompts[0]) + len(prompts[1]) - on_grid
+    assert [tokens_of(f) for f in together] == [tokens_of(c) for c in cold]
+
+
 def test_prefix_copied_from_a_busy_slot_gives_the_cold_tokens(
     engine: Engine, backend: LlamaBackend, forget_kv: Forget
 ) -> None:

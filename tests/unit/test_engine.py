@@ -536,6 +536,86 @@ def test_logprobs_are_the_log_softmax_of_the_model_for_every_token(
 # ------------------------------------------------------------------ cancelling
 
 
+SHARED = list(b"You file documents by these rules. " * 3)  # 105 tokens: 104 on a grid of 8
+
+
+def follow_setup(
+    make_engine: MakeEngine, **options: Any
+) -> tuple[Engine, list[list[int]], list[list[Event]]]:
+    """A prompt behind `SHARED` whose first chunk is computed, then two more behind it."""
+    engine = make_engine(start=False, prefill_chunk=16, chunk_grid=8, **options)
+    prompts = [SHARED + list(f"Document {name}: text.".encode()) for name in "ABC"]
+    events: list[list[Event]] = [[], [], []]
+    engine.submit(request(prompts[0], max_tokens=6), events[0].append)
+    engine.step()  # its first chunk of 16
+    for prompt, sink in zip(prompts[1:], events[1:], strict=True):
+        engine.submit(request(prompt, max_tokens=6), sink.append)
+    return engine, prompts, events
+
+
+def test_requests_arriving_while_their_shared_prefix_is_computed_compute_it_once(
+    make_engine: MakeEngine, greedy_reference: Reference, drive: Drive
+) -> None:
+    engine, prompts, events = follow_setup(make_engine)
+    drive(engine)
+
+    shared = len(SHARED + list(b"Document ")) // 8 * 8  # where the prompts part, on the grid
+    finishes = [finish_of(e) for e in events]
+    assert [f.usage.cached_tokens for f in finishes] == [0, shared, shared]
+    # The shared beginning was computed once, not three times.
+    assert engine.stats.prefill_tokens == len(prompts[0]) + 2 * (len(prompts[1]) - shared)
+    for prompt, finish in zip(prompts, finishes, strict=True):
+        assert list(finish.candidates[0].tokens) == greedy_reference(fake(engine), prompt, 6)
+
+
+def test_candidates_of_a_request_that_waited_for_a_shared_prefix_clone_it(
+    make_engine: MakeEngine, greedy_reference: Reference, drive: Drive
+) -> None:
+    engine = make_engine(start=False, prefill_chunk=16, chunk_grid=8, n_seq_max=4)
+    first, second = SHARED + list(b"one"), SHARED + list(b"two")
+    first_events: list[Event] = []
+    second_events: list[Event] = []
+    engine.submit(request(first, max_tokens=4), first_events.append)
+    engine.step()
+    engine.submit(request(second, n=2, max_tokens=4), second_events.append)
+    drive(engine)
+
+    finish = finish_of(second_events)
+    assert finish.usage.cached_tokens == len(SHARED) - len(SHARED) % 8
+    expected = greedy_reference(fake(engine), second, 4)
+    assert [list(c.tokens) for c in finish.candidates] == [expected, expected]
+
+
+def test_a_request_whose_shared_prefix_was_cancelled_computes_the_rest_itself(
+    make_engine: MakeEngine, greedy_reference: Reference, drive: Drive
+) -> None:
+    engine = make_engine(start=False, prefill_chunk=16, chunk_grid=8)
+    leader, follower = SHARED + list(b"one"), SHARED + list(b"two")
+    ticket = engine.submit(request(leader, max_tokens=4), lambda event: None)
+    engine.step()
+    events: list[Event] = []
+    engine.submit(request(follower, max_tokens=4), events.append)
+    engine.step()  # the leader's second chunk
+    ticket.cancel()
+    drive(engine)
+
+    finish = finish_of(events)
+    assert 0 < finish.usage.cached_tokens < len(SHARED) - len(SHARED) % 8
+    assert list(finish.candidates[0].tokens) == greedy_reference(fake(engine), follower, 4)
+
+
+def test_a_model_that_cannot_cut_a_copied_state_back_does_not_wait_for_a_prefix(
+    make_engine: MakeEngine, greedy_reference: Reference, drive: Drive
+) -> None:
+    engine, prompts, events = follow_setup(make_engine, prefix_trim_safe=False)
+    drive(engine)
+
+    for prompt, sink in zip(prompts, events, strict=True):
+        finish = finish_of(sink)
+        assert finish.usage.cached_tokens <= 16  # at most the first chunk, whole
+        assert list(finish.candidates[0].tokens) == greedy_reference(fake(engine), prompt, 6)
+
+
 def test_cancelled_request_finishes_cancelled_and_frees_its_slot(
     make_engine: MakeEngine, tokenize: Tokenize, greedy_reference: Reference, drive: Drive
 ) -> None:
