@@ -142,7 +142,8 @@ def main() -> None:
             for server in chosen if rep % 2 == 0 else reversed(chosen):
                 outcomes = one_replay(server, args, model, plan, trace)
                 replays[server].append(outcomes)
-                samples[server].append({**summary(outcomes, count), **work_floor(outcomes, host)})
+                figures = summary(outcomes, count)
+                samples[server].append({**figures, **work_floor(outcomes, figures, host)})
                 print(json.dumps({"rep": rep, "server": server, **samples[server][-1]}), flush=True)
     rows = {server: _row(runs) for server, runs in samples.items()}
     if len(samples) == len(SERVERS):
@@ -190,17 +191,19 @@ def main() -> None:
         )
 
 
-def work_floor(outcomes: list[Outcome], host: dict[str, Any]) -> dict[str, Any]:
+def work_floor(
+    outcomes: list[Outcome], figures: dict[str, Any], host: dict[str, Any]
+) -> dict[str, Any]:
     """The least time the work a server says it did could take on this host: the prompt
     tokens it computed at the raw prompt rate, plus the tokens it decoded at the raw rate
     of as many sequences decoded together as it has slots (plain decoding, with every slot
     busy; drafts verified in passes of several tokens could beat this by at most what
-    benchmarks/pass_cost.py allows). Arrivals, queueing and serving are not in it."""
+    benchmarks/pass_cost.py allows). Arrivals, queueing and serving are not in it.
+    `figures` is the replay's `summary`; only a server that sent its timings is priced."""
     if not all(o.timings for o in outcomes if o.error is None):
         return {}
-    summed = summary(outcomes, lambda text: 0)
-    prompt_s = summed["computed_prompt_tokens"] / host["prompt_tok_s"]
-    decode_s = summed["decoded_tokens"] / host["batched_decode_tok_s"]
+    prompt_s = figures["computed_prompt_tokens"] / host["prompt_tok_s"]
+    decode_s = figures["decoded_tokens"] / host["batched_decode_tok_s"]
     return {"work_floor_s": round(prompt_s + decode_s, 2)}
 
 
