@@ -213,6 +213,8 @@ def reame_propose_drafts(requests: Sequence[DraftRequest]) -> Iterable[DraftProp
     returns proposals for the sequences it has a guess for (at most ``max_tokens`` each)
     and nothing for the rest. When several sources propose for one sequence, the policy
     keeps one. Batch the work across sequences when that is cheaper (a draft model).
+    A proposal marked ``certain`` (tokens the sequence's own constraint forces, see
+    `DraftProposal`) is always taken and never verified.
     """
 
 

@@ -191,12 +191,20 @@ class DraftProposal:
     `probs` is None for deterministic sources (n-gram, grammar, archive: q is one-hot);
     a sampling draft model passes the distribution each token was drawn from, one row
     per token, so speculative sampling can keep the target's distribution exact.
+
+    `certain`: each token is the only one the sequence's own constraints
+    (`reame_constrain_logits`) admit at its place, so sampling there could pick nothing
+    else, greedy or not. The engine then appends the tokens without verifying them: the
+    model computes their KV in the step, and logits only for the row after the last one
+    (the row that picks the next token), unless the request wants logprobs. A source that
+    says so of a token its constraint does not force changes the output.
     """
 
     seq: SequenceView
     source: str
     tokens: tuple[int, ...]
     probs: np.ndarray | None = None
+    certain: bool = False
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,10 @@ class Committer:
                 return
             self._prompt_ready(seq, logits[item.first_row])
         else:
+            if item.unverified:
+                assert item.draft is not None
+                self._append_certain(seq, item.draft, logits[item.first_row], elapsed)
+                return
             rows = logits[item.first_row : item.first_row + len(item.tokens)]
             if item.draft is None:
                 token, logprob = self._pick(seq, rows[0])
@@ -229,6 +233,27 @@ class Committer:
             log.error("rejected drafts could not be dropped", error=str(error))
             self.fail(seq.group, "the model could not take back rejected draft tokens")
             return
+        self._account(seq, draft, accepted, elapsed)
+        logprobs = [self._logprob(seq, rows[i], token) for i, token in enumerate(verdict.tokens)]
+        self._commit(seq, list(verdict.tokens), [lp for lp in logprobs if lp is not None])
+
+    def _append_certain(
+        self, seq: Candidate, draft: DraftProposal, row: np.ndarray, elapsed: float
+    ) -> None:
+        """A certain draft (see `DraftProposal`): its tokens follow as they are, and `row`,
+        the logits after the last of them, gives the next token, as after accepted drafts.
+        Sampling would have drawn once at each of those places: the candidate's random
+        stream draws as often, so a seeded request samples what it samples without drafts."""
+        if not seq.sampler.greedy:
+            for _ in draft.tokens:
+                seq.sampler.uniform()
+        token, _ = self._pick(seq, row, draft.tokens)
+        self._account(seq, draft, len(draft.tokens), elapsed)
+        self._commit(seq, [*draft.tokens, token], [])
+
+    def _account(self, seq: Candidate, draft: DraftProposal, accepted: int, elapsed: float) -> None:
+        """`accepted` of the draft's tokens stand: the governor's and the request's totals,
+        and the plugins' `reame_drafts_verified`."""
         self.governor.record(seq, draft, accepted)  # it keeps the totals per source
         usage = seq.group.usage
         usage.draft_proposed[draft.source] = usage.draft_proposed.get(draft.source, 0) + len(
@@ -238,8 +263,6 @@ class Committer:
         self.hook.reame_drafts_verified(
             seq=seq, draft=draft, accepted=accepted, step_seconds=elapsed
         )
-        logprobs = [self._logprob(seq, rows[i], token) for i, token in enumerate(verdict.tokens)]
-        self._commit(seq, list(verdict.tokens), [lp for lp in logprobs if lp is not None])
 
     # ------------------------------------------------------------- committing
 

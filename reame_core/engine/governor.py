@@ -348,9 +348,13 @@ class Governor:
             state = self.sources.get(proposal.source)
             if state is not None:
                 candidates.append(proposal)
-            if self.mode_of(seq) == "on" or state is None:
+            if proposal.certain or self.mode_of(seq) == "on" or state is None:
+                # Certain tokens cost no verification: always taken, before any guess.
                 best = forced.get(key)
-                if best is None or len(proposal.tokens) > len(best.tokens):
+                if best is None or (proposal.certain, len(proposal.tokens)) > (
+                    best.certain,
+                    len(best.tokens),
+                ):
                     forced[key] = proposal
             elif self._base is not None:
                 own = self._own(seq, state.name)
@@ -359,7 +363,7 @@ class Governor:
                 if key not in offers or gain > offers[key].gain:
                     offers[key] = _Offer(proposal, expected, k, gain)
         plan = forced
-        if len(decoding) == 1 and offers:  # the one sequence's best length is the plan
+        if len(decoding) == 1 and offers and not forced:  # its best length is the plan
             offer = next(iter(offers.values()))
             if offer.gain > 1.0:
                 plan = {offer.proposal.seq.key: _cut(offer.proposal, offer.k)}
@@ -413,7 +417,9 @@ class Governor:
             n = len(draft.tokens) if draft else 0
             layout.append((seq.seq_id, 1 + n))
             offer = offers.get(seq.key)
-            if draft is not None and offer is not None:  # forced drafts count as misses
+            if draft is not None and draft.certain:
+                tokens += n
+            elif draft is not None and offer is not None:  # other forced drafts: misses
                 tokens += offer.expected[n]
         seconds = self.cost.seconds(self._passes(layout))
         return tokens / seconds if seconds > 0 else 0.0

@@ -54,7 +54,7 @@ class ModelRunner:
             log.error("decode failed", error=str(error), batch=len(call.batch))
             return None
         elapsed = time.perf_counter() - started
-        if self._drafting:  # the governor prices drafts by what decodes cost
+        if self._drafting and call.priced:  # the governor prices drafts by what decodes cost
             self.governor.observe_decode(
                 [(item.seq.seq_id, len(item.tokens)) for item in call.planned], elapsed
             )

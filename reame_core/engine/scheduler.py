@@ -47,14 +47,18 @@ class Planned:
     tokens: list[int]
     draft: DraftProposal | None = None
     first_row: int = 0
+    unverified: bool = False  # a certain draft: one row of logits, after its last token
 
 
 @dataclass
 class DecodeCall:
-    """One call of `backend.decode`: the batch, and whose tokens it holds in batch order."""
+    """One call of `backend.decode`: the batch, and whose tokens it holds in batch order.
+    Not `priced`: a step with certain drafts, cheaper than verifying as many tokens, which
+    the governor's cost curve (the price of drafts to verify) does not learn from."""
 
     batch: Batch
     planned: list[Planned]
+    priced: bool = True
 
 
 class Scheduler:
@@ -332,14 +336,18 @@ class Scheduler:
             decoding = sorted(decoding, key=_seq_id)
         batch = Batch()
         planned = []
+        rows = 0
         for seq in decoding:
             draft = drafts.get(seq.key) if drafts else None
             tokens = [seq.next_token, *draft.tokens] if draft else [seq.next_token]
-            position, seq_id, first_row = seq.n_kv, seq.seq_id, len(batch)
+            # Certain tokens need no row of their own: only the one after them is sampled.
+            unverified = draft is not None and draft.certain and not seq.group.keeps_logprobs
+            last = len(tokens) - 1
             for offset, token in enumerate(tokens):
-                batch.add(token, position + offset, seq_id, True)  # every token has a row
-            planned.append(Planned(seq, tokens, draft, first_row))
-        return DecodeCall(batch, planned)
+                batch.add(token, seq.n_kv + offset, seq.seq_id, not unverified or offset == last)
+            planned.append(Planned(seq, tokens, draft, rows, unverified))
+            rows += 1 if unverified else len(tokens)
+        return DecodeCall(batch, planned, priced=rows == len(batch))
 
     def _propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
         """Ask the draft sources, cheapest first, what the governor wants of each (given

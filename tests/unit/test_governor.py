@@ -818,3 +818,26 @@ def test_a_source_cheaper_than_a_step_is_looked_at_though_only_prompt_chunks_wer
 
     assert asks >= 3
     assert governor.report()["sources"][0]["state"] != "too dear"
+
+
+def test_a_certain_draft_is_always_taken_before_any_guess() -> None:
+    governor = Governor(
+        [SOURCE, "grammar"], lambda layout: equal_split_passes(layout, 512), draft_max=8
+    )
+    for n in (1, 2, 3, 5, 9, 17, 64):  # a host where a pass of several tokens pays
+        governor.observe_decode([(0, n)], 0.01 + 0.001 * n)
+    seq = Decoding()
+    for _ in range(30):  # the guessing source has been right every time
+        requests = governor.requests([seq], 100_000, 512)
+        guesses = [DraftProposal(r.seq, SOURCE, (RIGHT,) * r.max_tokens) for r in requests]
+        governor.proposed(SOURCE, 0.0, requests, guesses)
+        for draft in governor.choose([seq], requests, guesses).values():
+            governor.record(seq, draft, len(draft.tokens))
+            seq.output += [RIGHT] * (len(draft.tokens) + 1)
+    requests = governor.requests([seq], 100_000, 512)
+    guess = DraftProposal(seq, SOURCE, (RIGHT,) * 8)  # type: ignore[arg-type]
+    certain = DraftProposal(seq, "grammar", (RIGHT,) * 2, certain=True)  # type: ignore[arg-type]
+
+    chosen = governor.choose([seq], requests, [guess, certain])
+
+    assert chosen == {seq.key: certain}

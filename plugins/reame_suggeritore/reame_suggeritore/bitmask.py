@@ -40,6 +40,16 @@ def allowed_ids(mask: np.ndarray, words: np.ndarray, n_vocab: int) -> np.ndarray
     return ids[ids < n_vocab]
 
 
+def only(mask: np.ndarray, token: int) -> bool:
+    """Whether `mask` allows `token` and nothing else."""
+    word = token // 32
+    return (
+        0 <= word < len(mask)
+        and int(mask[word].view(np.uint32)) == 1 << (token % 32)
+        and np.count_nonzero(mask) == 1
+    )
+
+
 def _with_eog(ids: np.ndarray, eos: int, eog: np.ndarray) -> np.ndarray:
     return np.union1d(ids, eog) if eos in ids else ids
 

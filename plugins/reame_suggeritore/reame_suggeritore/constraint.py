@@ -9,8 +9,10 @@ whose mask refused it, and never reads them.
 
 Where the grammar is complete only end-of-generation tokens are allowed; where it may end,
 all of the model's end-of-generation tokens are (llguidance knows one EOS token). Drafts
-are the grammar's forced tokens (`compute_ff_tokens`): tokens, not text, so the model
-verifies exactly what it would have been allowed to pick.
+are the grammar's forced tokens (`compute_ff_tokens`): tokens, not text. Those whose mask
+allows them alone are certain — sampling there could pick nothing else — and the engine
+appends them unverified; any others are verified like any draft, so the output is exactly
+what the model would have been allowed to pick.
 
 A grammar that fails mid-answer (a limit hit while the lexer grows) cannot go on: the
 sequence is then only allowed to end, and that is logged. Nothing here raises, since it
@@ -102,12 +104,25 @@ class Constraint:
 
     # ---------------------------------------------------------------- drafting
 
-    def forced(self, limit: int) -> tuple[int, ...]:
-        """The tokens the grammar forces next (at most `limit`), as a draft."""
+    def forced(self, limit: int) -> tuple[tuple[int, ...], int]:
+        """The tokens the grammar forces next (at most `limit`), as a draft, and how many of
+        them lead it as the only token their place allows (checked mask by mask: those are
+        certain, the rest are verified)."""
         self._settle()
         if self.failed or self.matcher.is_stopped():
-            return ()
-        return tuple(self.matcher.compute_ff_tokens()[:limit])
+            return (), 0
+        tokens = tuple(self.matcher.compute_ff_tokens()[:limit])
+        matcher, alone = self.matcher, 0
+        for token in tokens:
+            matcher.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
+            if matcher.is_error() or not bitmask.only(self._bitmask, token):
+                break
+            if not matcher.consume_token(token):
+                break
+            alone += 1
+        if alone:
+            matcher.rollback(alone)
+        return tokens, alone
 
     # ------------------------------------------------------------------ failing
 

@@ -9,8 +9,9 @@ Who does what, on which thread:
   field before the request is queued;
 - the engine thread: each constrained sequence gets a `Constraint` when it starts, kept by
   `seq.key` until it finishes; it masks the sequence's rows, follows its committed tokens,
-  and proposes the tokens its grammar forces as drafts, which the model verifies like any
-  other source's.
+  and proposes the tokens its grammar forces as drafts: certain where each is the only
+  token its mask allows (the engine appends those without verifying them), verified like
+  any other source's otherwise.
 
 The `Suggeritore` instance owns the tokenizer, the cache and every sequence's constraint.
 """
@@ -151,8 +152,10 @@ class Suggeritore:
             constraint = self._constraints.get(request.seq.key)
             if constraint is None:
                 continue
-            tokens = constraint.forced(request.max_tokens)
-            if tokens:
+            tokens, alone = constraint.forced(request.max_tokens)
+            if alone:
+                proposals.append(DraftProposal(request.seq, NAME, tokens[:alone], certain=True))
+            elif tokens:
                 proposals.append(DraftProposal(request.seq, NAME, tokens))
         return proposals
 

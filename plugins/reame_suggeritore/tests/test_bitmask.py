@@ -47,3 +47,14 @@ def test_where_eos_is_allowed_every_end_of_generation_token_is(allowed: list[int
 
     assert np.isfinite(row[EOG]).all()
     assert np.flatnonzero(np.isfinite(row)).tolist() == sorted({*allowed, *EOG.tolist()})
+
+
+def test_only_is_true_for_a_mask_of_that_one_token() -> None:
+    mask = np.zeros(4, dtype=np.int32)
+    mask[1] = np.int32(-(2**31))  # token 63: the sign bit of its word
+    assert bitmask.only(mask, 63)
+    assert not bitmask.only(mask, 62)
+    mask[3] = 1  # and token 96
+    assert not bitmask.only(mask, 63)
+    assert not bitmask.only(np.zeros(4, dtype=np.int32), 5)
+    assert not bitmask.only(mask, 500)  # beyond the mask

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jsonschema
+import numpy as np
 import pytest
 
+from reame_core.backend.base import Batch
 from reame_core.backend.fake import FakeBackend
 from reame_core.engine.engine import Engine
 from reame_core.hookspecs import hookimpl
@@ -154,6 +157,38 @@ def test_forced_drafts_give_exactly_the_answer_without_drafts(
     proposed = drafted.usage.draft_proposed["suggeritore"]
     assert proposed >= len('{"name": "", "kind": "", "tags": [""], "code": "-"}') // 2
     assert drafted.usage.draft_accepted["suggeritore"] == proposed  # forced: always right
+
+
+@pytest.mark.parametrize("logprobs", [None, 2])
+def test_certain_drafts_are_computed_without_rows_of_logits_of_their_own(
+    start_engine: StartEngine, logprobs: int | None
+) -> None:
+    engine = start_engine(speculate="on")
+    backend: FakeBackend = engine.backend  # type: ignore[assignment]
+    shapes: list[tuple[int, int]] = []
+    decode = backend.decode
+
+    def spy(batch: Batch) -> np.ndarray:
+        shapes.append((len(batch), batch.n_outputs))
+        return decode(batch)
+
+    backend.decode = spy  # type: ignore[method-assign]
+    drafted = request("Extract.", json_schema=SCHEMA)
+    drafted.params = dataclasses.replace(drafted.params, logprobs=logprobs)
+    plain = request("Extract.", json_schema=SCHEMA, speculate="off")
+    plain.params = dataclasses.replace(plain.params, logprobs=logprobs)
+
+    with_drafts = engine.generate(drafted)
+    decode_steps = [shape for shape in shapes if shape[1] > 0][1:]  # after the prompt
+    without = engine.generate(plain)
+
+    assert with_drafts.candidates[0].tokens == without.candidates[0].tokens
+    assert with_drafts.usage.draft_accepted["suggeritore"] > 0
+    skipped = [tokens for tokens, rows in decode_steps if rows < tokens]
+    if logprobs is None:  # a forced run and the token after it: one row
+        assert skipped and all(rows == 1 for tokens, rows in decode_steps if rows < tokens)
+    else:  # every token's logprob is asked for: every token has its row
+        assert not skipped
 
 
 def test_unconstrained_requests_get_no_grammar_drafts(start_engine: StartEngine) -> None:

@@ -53,14 +53,35 @@ def test_a_complete_answer_may_only_end_on_any_end_of_generation_token() -> None
     c.commit([ord("a"), ord("b")])
 
     assert allowed(c) == {EOS, IM_END}
-    assert c.forced(8) == ()
+    assert c.forced(8) == ((), 0)
 
 
 def test_forced_tokens_are_the_grammars_only_way_on() -> None:
     c = constraint("hello (world|there)")
 
-    assert bytes(c.forced(16)) == b"hello "
-    assert bytes(c.forced(3)) == b"hel"
+    tokens, alone = c.forced(16)
+    assert bytes(tokens) == b"hello " and alone == len(tokens)  # each its mask's only token
+    assert c.forced(3) == (tuple(b"hel"), 3)
+    assert allowed(c) == {ord("h")}  # checking them left the matcher where it was
+
+
+def test_a_forced_token_its_mask_does_not_allow_alone_is_not_certain() -> None:
+    c = constraint("ab")
+    real = c.matcher
+
+    class Wider:
+        """The matcher, but its masks also allow token 0."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+        def unsafe_compute_mask_ptr(self, address: int, size: int) -> None:
+            real.unsafe_compute_mask_ptr(address, size)
+            c._bitmask[0] |= 1
+
+    c.matcher = Wider()  # type: ignore[assignment]
+    assert c.forced(8) == (tuple(b"ab"), 0)
+    assert allowed(c) == {0, ord("a")}
 
 
 def test_a_token_that_breaks_the_grammar_ends_the_answer_and_is_logged() -> None:
