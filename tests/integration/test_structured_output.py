@@ -5,9 +5,10 @@ ticket, a product, a label from an enum) cover enums, nested objects, arrays wit
 and maxItems, maxLength, pattern, bounded numbers, optional fields and additionalProperties
 false. Every answer, greedy or sampled, must parse and validate with `jsonschema`.
 
-Forced-token drafts are verified like any other drafts, which on this build is exact only up
-to near-ties (near_tie.py): greedy answers with them must equal the plain constrained path up
-to a first divergence at a near-tie of that path.
+Forced tokens are certain drafts, appended unverified in a step of several tokens: the
+tokens after them are computed along a multi-token path, exact with the default build and
+only up to near-ties on a llamafile build (near_tie.py), where greedy answers with them must
+equal the plain constrained path up to a first divergence at a near-tie of that path.
 """
 
 from __future__ import annotations
@@ -231,7 +232,7 @@ def test_greedy_answers_with_grammar_drafts_equal_the_plain_ones(
         proposed += finished.usage.draft_proposed.get("suggeritore", 0)
         accepted += finished.usage.draft_accepted.get("suggeritore", 0)
 
-    if backend.info.extra.get("llamafile"):  # verifying drafts is exact only up to near-ties
+    if backend.info.extra.get("llamafile"):  # multi-token steps: exact up to near-ties
         assert_near_ties(plains, drafted, VERIFY_FLIP_RATE_Q4_1)
     else:
         assert drafted == [plain.tokens for plain in plains]
