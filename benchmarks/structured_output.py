@@ -10,14 +10,15 @@ OpenAI's ``response_format: {"type": "json_schema", ...}``. Configurations:
   llama-server  llama.cpp's server (same build of llama.cpp, model, threads; one slot),
                 the same ``response_format``, which it turns into a grammar.
 Each rep runs the twenty requests in order against each configuration in turn (reame,
-reame-off, llama-server), several reps. The figure is decode tokens per second (prompt time
-excluded) from each server's own ``timings`` (predicted_n / predicted_ms), summed over the
-twenty; ratios are medians of per-rep ratios. Servers may spend different numbers of tokens
-on the same answer (whitespace between JSON tokens), so the time each takes to decode all
-twenty answers is compared too. Every answer is parsed and validated with jsonschema;
-Reame's answers with and without drafts are compared text for text. From Reame's
-``timings.drafts``: the share of output tokens that were accepted drafts, by source. The
-host's ceiling (prompt rate / decode rate) is printed next to the result.
+reame-off, llama-server; the other way round every second rep), several reps. The figure
+is decode tokens per second (prompt time excluded) from each server's own ``timings``
+(predicted_n / predicted_ms), summed over the twenty; ratios are medians of per-rep
+ratios. Servers may spend different numbers of tokens on the same answer (whitespace
+between JSON tokens), so the time each takes to decode all twenty answers is compared too.
+Every answer is parsed and validated with jsonschema; Reame's answers with and without
+drafts are compared text for text. From Reame's ``timings.drafts``: the share of output
+tokens that were accepted drafts, by source. The host's ceiling (prompt rate / decode
+rate) is printed next to the result.
 
 Palimpsest is disabled on the Reame server: the reps repeat the same requests, and its
 archive would draft them from the previous rep's answers, which no first request gets.
@@ -211,7 +212,7 @@ def measure_reps(args: argparse.Namespace, model: str) -> dict[str, Any]:
         for name in chosen:  # warm each server once, outside the measurement
             run_workload(urls[name], name, 8)
         for rep in range(args.reps):
-            for name in chosen:
+            for name in chosen if rep % 2 == 0 else list(reversed(chosen)):
                 sample = run_workload(urls[name], name, args.max_tokens)
                 samples[name].append(sample)
                 shown = {k: v for k, v in sample.items() if k != "answers"}
