@@ -214,7 +214,8 @@ def reame_propose_drafts(requests: Sequence[DraftRequest]) -> Iterable[DraftProp
     and nothing for the rest. When several sources propose for one sequence, the policy
     keeps one. Batch the work across sequences when that is cheaper (a draft model).
     A proposal marked ``certain`` (tokens the sequence's own constraint forces, see
-    `DraftProposal`) is always taken and never verified.
+    `DraftProposal`) is taken before any guess for its sequence, and appended without
+    verification unless the request keeps logprobs.
     """
 
 
@@ -239,8 +240,8 @@ def reame_draft_cost() -> DraftCost | None:
 @hookspec
 def reame_constrain_logits(seq: SequenceView, pending: Sequence[int], logits: np.ndarray) -> None:
     """Restrict the next token of `seq` by editing `logits` in place (e.g. -inf outside a
-    grammar). `pending` are tokens being verified that come before this position and are
-    not yet committed: constrain as if they were.
+    grammar). `pending` are draft tokens (being verified, or certain) that come before this
+    position and are not yet committed: constrain as if they were.
 
     Called once per position the engine samples or verifies, for each candidate, always on
     the model's own row: candidates that share one prompt's logits get a copy each, so a
@@ -272,7 +273,8 @@ def reame_drafts_verified(
     seq: SequenceView, draft: DraftProposal, accepted: int, step_seconds: float
 ) -> None:
     """Outcome of one verified draft: how many tokens were accepted, and the wall time of
-    the step that verified it. Sources that mirror the sequence roll back here."""
+    the step that verified it (a certain draft, appended unverified, reports all of its
+    tokens accepted). Sources that mirror the sequence roll back here."""
 
 
 @hookspec

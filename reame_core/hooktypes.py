@@ -186,7 +186,8 @@ class DraftRequest:
 
 @dataclass(frozen=True)
 class DraftProposal:
-    """Tokens a draft source guesses will follow `seq`, to be verified in one batch.
+    """Tokens a draft source guesses will follow `seq`, to be verified in one batch (or,
+    `certain`, appended as they are).
 
     `probs` is None for deterministic sources (n-gram, grammar, archive: q is one-hot);
     a sampling draft model passes the distribution each token was drawn from, one row
@@ -196,8 +197,9 @@ class DraftProposal:
     (`reame_constrain_logits`) admit at its place, so sampling there could pick nothing
     else, greedy or not. The engine then appends the tokens without verifying them: the
     model computes their KV in the step, and logits only for the row after the last one
-    (the row that picks the next token), unless the request wants logprobs. A source that
-    says so of a token its constraint does not force changes the output.
+    (the row that picks the next token), unless the request keeps logprobs (it asks for
+    them, or plans several candidates): then they are verified. A source that says so of a
+    token its constraint does not force changes the output.
     """
 
     seq: SequenceView

@@ -272,7 +272,10 @@ class Committer:
         committed: list[int] = []
         text = ""
         reason: FinishReason | None = None
-        for token in tokens:
+        # Every token but the last is already in the KV (accepted or certain drafts): each
+        # is checked against the room the KV had when one-token steps would have picked it.
+        kv_before = seq.n_kv - len(tokens) + 1
+        for index, token in enumerate(tokens):
             if token in eog and not params.ignore_eos:
                 reason = "stop"
                 break
@@ -283,7 +286,7 @@ class Committer:
             if seq.text.stopped:
                 reason = "stop"
                 break
-            if len(seq.output) >= params.max_tokens or seq.n_kv + 1 >= self.info.n_ctx_seq:
+            if len(seq.output) >= params.max_tokens or kv_before + index + 1 >= self.info.n_ctx_seq:
                 reason = "length"
                 break
         kept_logprobs = tuple(logprobs[: len(committed)])

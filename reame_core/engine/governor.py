@@ -35,6 +35,7 @@ The governor decides; the engine calls the sources and verifies.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -763,4 +764,4 @@ def _cut(proposal: DraftProposal, limit: int) -> DraftProposal:
     if len(proposal.tokens) <= limit:
         return proposal
     probs = None if proposal.probs is None else proposal.probs[:limit]
-    return DraftProposal(proposal.seq, proposal.source, proposal.tokens[:limit], probs)
+    return dataclasses.replace(proposal, tokens=proposal.tokens[:limit], probs=probs)

@@ -6,9 +6,10 @@ and maxItems, maxLength, pattern, bounded numbers, optional fields and additiona
 false. Every answer, greedy or sampled, must parse and validate with `jsonschema`.
 
 Forced tokens are certain drafts, appended unverified in a step of several tokens: the
-tokens after them are computed along a multi-token path, exact with the default build and
-only up to near-ties on a llamafile build (near_tie.py), where greedy answers with them must
-equal the plain constrained path up to a first divergence at a near-tie of that path.
+tokens after them are computed along a multi-token path, exact for SmolLM2 with the default
+build and only up to near-ties on a llamafile build (near_tie.py), where greedy answers
+with them must equal the plain constrained path up to a first divergence at a near-tie of
+that path.
 """
 
 from __future__ import annotations

@@ -841,3 +841,6 @@ def test_a_certain_draft_is_always_taken_before_any_guess() -> None:
     chosen = governor.choose([seq], requests, [guess, certain])
 
     assert chosen == {seq.key: certain}
+    longer = DraftProposal(seq, "grammar", (RIGHT,) * 12, certain=True)  # type: ignore[arg-type]
+    cut = governor.choose([seq], requests, [longer])[seq.key]
+    assert cut.certain and len(cut.tokens) == requests[0].max_tokens

@@ -115,11 +115,16 @@ class Constraint:
         matcher, alone = self.matcher, 0
         for token in tokens:
             matcher.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
-            if matcher.is_error() or not bitmask.only(self._bitmask, token):
-                break
-            if not matcher.consume_token(token):
-                break
-            alone += 1
+            alone_here = not matcher.is_error() and bitmask.only(self._bitmask, token)
+            if alone_here and matcher.consume_token(token):
+                alone += 1
+                continue
+            if matcher.is_error():
+                # Where the grammar fails, it fails without drafts too, and an errored
+                # matcher cannot be rolled back: the tokens before stand, then it may only end.
+                self._fail(matcher.get_error())
+                return tokens[:alone], alone
+            break
         if alone:
             matcher.rollback(alone)
         return tokens, alone

@@ -191,6 +191,23 @@ def test_certain_drafts_are_computed_without_rows_of_logits_of_their_own(
         assert not skipped
 
 
+@pytest.mark.parametrize("n_ctx_seq", range(20, 40))
+def test_certain_drafts_end_at_the_context_where_one_token_steps_do(
+    start_engine: StartEngine, n_ctx_seq: int
+) -> None:
+    drafted = start_engine(speculate="on", n_ctx_seq=n_ctx_seq)
+    alone = start_engine(speculate="off", n_ctx_seq=n_ctx_seq)
+
+    most = n_ctx_seq - len(prompt("Extract."))  # all the context allows: it ends first
+
+    with_drafts = drafted.generate(request("Extract.", most, json_schema=SCHEMA))
+    without = alone.generate(request("Extract.", most, json_schema=SCHEMA))
+
+    assert with_drafts.candidates[0].tokens == without.candidates[0].tokens
+    assert with_drafts.candidates[0].finish_reason == without.candidates[0].finish_reason
+    assert with_drafts.usage.completion_tokens == without.usage.completion_tokens
+
+
 def test_unconstrained_requests_get_no_grammar_drafts(start_engine: StartEngine) -> None:
     engine = start_engine(speculate="on")
 

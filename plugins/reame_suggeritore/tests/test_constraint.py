@@ -93,3 +93,32 @@ def test_a_token_that_breaks_the_grammar_ends_the_answer_and_is_logged() -> None
     assert c.failed
     assert allowed(c) == {EOS, IM_END}
     assert logs[0]["request"] == "req-test"
+
+
+def test_a_grammar_failing_inside_a_forced_run_keeps_the_tokens_before_then_only_ends() -> None:
+    c = constraint("abcd")
+    real = c.matcher
+    masks = 0
+
+    class FailsAtTheThird:
+        """The matcher, but it errs computing the third mask."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+        def unsafe_compute_mask_ptr(self, address: int, size: int) -> None:
+            nonlocal masks
+            masks += 1
+            real.unsafe_compute_mask_ptr(address, size)
+
+        def is_error(self) -> bool:
+            return masks >= 3
+
+        def get_error(self) -> str:
+            return "lexer limit"
+
+    c.matcher = FailsAtTheThird()  # type: ignore[assignment]
+    with structlog.testing.capture_logs():
+        assert c.forced(8) == (tuple(b"ab"), 2)
+    assert c.failed
+    assert allowed(c, tuple(b"ab")) == {EOS, IM_END}
