@@ -24,9 +24,8 @@ on any replica, and every replica's slots would cycle through every prefix of th
 With one, each replica's slots serve a stable share of the prefixes.
 
 And which replica each session (`X-Session-ID`, `session_id`) lives on (`SessionBook`): a
-session's later turns go where its KV is, as long as that replica lives and keeps it pinned
-— at once while it has nothing else in flight, and while that is cheapest when it has; a
-request that would take a live session's pinned slot pays for that conversation's
+session's later turns go where its KV is, as long as that replica lives and keeps it pinned;
+a request that would take a live session's pinned slot pays for that conversation's
 recompute.
 
 `FleetAffinity.rank` turns this into an order of preference. Serve's request router then
@@ -434,14 +433,11 @@ class FleetAffinity:
         live = list(candidates)
         now = self._clock()
         host = self._session_host(session, live)
-        if host is not None and not self.replica(host).ongoing:
-            # Its replica holds the conversation and has nothing else to do: it sticks.
-            # Where that replica is busy, the turn is priced like any request (its
-            # conversation counting as cached there), and stays only while that pays.
+        if host is not None:
             rest = sorted((r for r in live if r != host), key=lambda r: self.replica(r).ahead(now))
             return Choice([host, *rest], "session")
         loads = {r: self.replica(r).load for r in live}
-        if host is None and max(loads.values()) - min(loads.values()) > self.imbalance:
+        if max(loads.values()) - min(loads.values()) > self.imbalance:
             # One replica is far behind: caches matter less than its queue. Power of two
             # choices: two at random, the shorter queue first.
             pair = self._rng.sample(live, min(2, len(live)))
@@ -460,19 +456,17 @@ class FleetAffinity:
             for r in live
         }
 
-        def preference(r: str) -> tuple[float, bool, int, int]:
-            # Equal costs: a session's own replica; for a new prefix, the replica home to
-            # the fewest (new prefixes spread over the fleet); then the one least recently
-            # sent a request (prompts too short to cache go round the fleet).
+        def preference(r: str) -> tuple[float, int, int]:
+            # Equal costs: for a new prefix, the replica home to the fewest (new prefixes
+            # spread over the fleet); then the one least recently sent a request (prompts
+            # too short to cache go round the fleet).
             view = self.replica(r)
-            return (cost[r], r != host, self.homes.chunks[r] if chain else 0, view.last_routed)
+            return (cost[r], self.homes.chunks[r] if chain else 0, view.last_routed)
 
         order = sorted(live, key=preference)
         top = order[0]
         resident = self.replica(top).resident(chain)
-        if top == host:
-            reason = "session"
-        elif cached[top] > 0:
+        if cached[top] > 0:
             reason = "prefix" if resident >= cached[top] else "disk"
         else:
             reason = "home" if top == home and home_depth else "spread"
