@@ -17,6 +17,7 @@ This module only counts and estimates; what to do with the estimates is the gove
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,9 @@ from dataclasses import dataclass, field
 PRIOR_RATE = 0.5  # a source's chance of a right first token before any evidence
 PRIOR_WEIGHT = 2.0  # in drafts: how much evidence it takes to move a rate halfway
 UPPER_Z = 1.645  # one-sided 95% bound in `Acceptance.upper_rates`
+# Bands of a draft's estimated first-token rate in which `Calibration` judges bets apart.
+CALIBRATION_BANDS = (0.5, 0.7, 0.85, 0.95)
+CALIBRATION_PRIOR = 4.0  # tokens of a band's record it takes to move its calibration halfway
 
 
 @dataclass
@@ -107,6 +111,88 @@ class Acceptance:
             spread = UPPER_Z * math.sqrt(rate * (1 - rate) / n + z2 / (4 * n * n))
             out.append(min(1.0, (centre + spread) / (1 + z2 / n)))
         return out
+
+
+@dataclass
+class Calibration:
+    """What verified drafts delivered against what their estimates promised, position by
+    position, apart for each band of how sure the estimate was of the first token
+    (`CALIBRATION_BANDS`).
+
+    The governor verifies the drafts whose estimates are highest at that moment, which is
+    where an estimate errs upwards most: a request whose first drafts came true by chance
+    looks like one that copies, and a draft whose first tokens copy a template is taken to
+    stay on track past the template, where it parts from it. For each position j it keeps
+    the chance its bets were given of their first j + 1 tokens all coming true, summed, and
+    how many did; `rates` scales later estimates in that band so that those chances match
+    what came true (never upwards), so bets that lose on the whole stop being made, at the
+    lengths where they lose. A request that does copy, estimated surer, is judged in a band
+    of its own."""
+
+    decay: float = 1.0
+    promised: list[list[float]] = field(
+        default_factory=lambda: [[] for _ in range(len(CALIBRATION_BANDS) + 1)]
+    )
+    delivered: list[list[float]] = field(
+        default_factory=lambda: [[] for _ in range(len(CALIBRATION_BANDS) + 1)]
+    )
+
+    def add(self, rates: Sequence[float], accepted: int) -> None:
+        """A verified draft whose tokens were estimated (uncalibrated) at `rates`, of which
+        the first `accepted` were right."""
+        if not rates:
+            return
+        band = bisect.bisect_right(CALIBRATION_BANDS, rates[0])
+        promised, delivered = self.promised[band], self.delivered[band]
+        if len(promised) < len(rates):
+            promised += [0.0] * (len(rates) - len(promised))
+            delivered += [0.0] * (len(rates) - len(delivered))
+        for j in range(len(promised)):
+            promised[j] *= self.decay
+            delivered[j] *= self.decay
+        survive = 1.0
+        for j, rate in enumerate(rates):
+            survive *= rate
+            promised[j] += survive
+            delivered[j] += 1.0 if j < accepted else 0.0
+
+    def share(self, band: int, position: int) -> float:
+        """Of the chance that bets in `band` were given of reaching past `position`, the
+        share that came true (never above 1; 1 without evidence)."""
+        promised, delivered = self.promised[band], self.delivered[band]
+        if position >= len(promised):
+            return self.share(band, len(promised) - 1) if promised else 1.0
+        prior = CALIBRATION_PRIOR
+        return min(1.0, (delivered[position] + prior) / (promised[position] + prior))
+
+    def rates(self, rates: Sequence[float]) -> list[float]:
+        """`rates` calibrated: the chance of the first j + 1 tokens all being right scaled
+        by its position's share, as conditional rates again."""
+        if not rates:
+            return []
+        band = bisect.bisect_right(CALIBRATION_BANDS, rates[0])
+        if not self.promised[band]:
+            return list(rates)
+        out: list[float] = []
+        survive = reached = 1.0  # uncalibrated chance of getting this far; calibrated
+        for j, rate in enumerate(rates):
+            survive *= rate
+            target = survive * self.share(band, j)
+            calibrated = min(1.0, target / reached) if reached > 0.0 else 0.0
+            out.append(calibrated)
+            reached *= calibrated
+        return out
+
+    def report(self) -> dict[str, float]:
+        """Each band's share of its promised tokens that came true, by its lowest
+        first-token rate, where bets were made."""
+        edges = (0.0, *CALIBRATION_BANDS)
+        prior = CALIBRATION_PRIOR
+        return {
+            f"{edge:g}": round(min(1.0, (sum(delivered) + prior) / (sum(promised) + prior)), 3)
+            for edge, promised, delivered in zip(edges, self.promised, self.delivered, strict=True)
+            if promised
+        }
 
 
 def sequence_rates(own: Acceptance, source: Sequence[float], weight: float) -> list[float]:

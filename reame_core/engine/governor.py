@@ -10,7 +10,11 @@ It learns online what it needs:
     first from the figure the source measured itself, if it gives one (`reame_draft_cost`);
   - each source's acceptance by draft position, over all requests and per request
     (`Acceptance`), from verified drafts and from drafts it scored without verifying them
-    (`ShadowDraft`: a declined draft is checked against the tokens committed after it).
+    (`ShadowDraft`: a declined draft is checked against the tokens committed after it);
+  - how much of what it expected the drafts it chose to verify delivered
+    (`Calibration`), position by position: it picks the drafts whose estimates are
+    highest, which is where estimates err upwards, so a source's estimates are scaled
+    down by the shortfall of the bets it made at estimates like them.
 
 Each step, sources are asked cheapest first. One whose call costs next to nothing (at most
 `PROBE_BUDGET` of a step) is asked for every sequence. A dearer one is asked for a sequence
@@ -43,6 +47,7 @@ from typing import Any, Literal
 
 from reame_core.engine.acceptance import (
     Acceptance,
+    Calibration,
     ShadowDraft,
     accepted_by_length,
     sequence_rates,
@@ -87,6 +92,8 @@ class SourceState:
     probe_seconds: float = 0.0
     credit: float = 0.0  # seconds it may still spend probing (< 0: repaid by decoding)
     k: int = 0  # length of its last verified draft
+    # What its drafts chosen on their merit delivered against their estimates.
+    calibration: Calibration = field(default_factory=lambda: Calibration(DECAY))
     gain: float | None = None  # as of the last report
     enabled: bool = True  # its drafts pay over all requests (or nothing is known yet)
     state: str = "new"  # new, drafting, watched (asked every step), probed, too dear, failed
@@ -165,6 +172,10 @@ class Governor:
         self._by_key: dict[int, EngineSequence] = {}  # this step's decoding sequences
         self._order: tuple[int, list[str]] = (0, list(self.sources))  # (step, cheapest first)
         self._retired: set[str] = set()  # sources that failed: never asked again
+        self._raw_now: dict[tuple[int, str], list[float]] = {}  # this step's, uncalibrated
+        # This step's drafts chosen on their merit: source, and their tokens' rates as
+        # estimated before calibration.
+        self._bets: dict[int, tuple[str, list[float]]] = {}
 
     # ------------------------------------------------------------- asking
 
@@ -181,6 +192,7 @@ class Governor:
         self._decoding = max(1, len(decoding))
         self._with_draft = {}
         self._rates_now = {}
+        self._raw_now = {}
         self._calls = {}
         self._by_key = {seq.key: seq for seq in decoding}
         for seq in decoding:
@@ -370,12 +382,28 @@ class Governor:
                 plan = {offer.proposal.seq.key: _cut(offer.proposal, offer.k)}
         elif offers:
             plan = self._plan(sorted(decoding, key=_seq_id), forced, offers)
+        self._place_bets(plan, forced, offers)
         for proposal in candidates:
             chosen = plan.get(proposal.seq.key)
             verified = len(chosen.tokens) if chosen and chosen.source == proposal.source else 0
             if verified < len(proposal.tokens):
                 self._shadow(proposal, verified)
         return plan
+
+    def _place_bets(
+        self,
+        plan: Mapping[int, DraftProposal],
+        forced: Mapping[int, DraftProposal],
+        offers: Mapping[int, _Offer],
+    ) -> None:
+        """Remember what each draft chosen on its merit was estimated at, before
+        calibration, for `record` to compare with what it yields."""
+        self._bets = {}
+        for key, draft in plan.items():
+            raw = self._raw_now.get((key, draft.source))
+            if key in forced or key not in offers or raw is None:
+                continue
+            self._bets[key] = (draft.source, raw[: len(draft.tokens)])
 
     def _plan(
         self,
@@ -509,6 +537,8 @@ class Governor:
             rates = general
             if own.acceptance.reached:
                 rates = sequence_rates(own.acceptance, general, SEQ_PRIOR)
+            self._raw_now[key] = rates
+            rates = state.calibration.rates(rates)
             self._rates_now[key] = rates
         return rates[:k]
 
@@ -559,6 +589,9 @@ class Governor:
         own.acceptance.add(k, accepted)
         if accepted:
             self._hit(own)
+        bet = self._bets.pop(seq.key, None)
+        if bet is not None and bet[0] == state.name:
+            state.calibration.add(bet[1], accepted)
 
     def forget(self, seq: EngineSequence) -> None:
         """The sequence is done: score its last shadow drafts, drop what was learned about
@@ -644,7 +677,8 @@ class Governor:
         base = self._step_seconds(drafting=0, k=0)
         weight = self.cost.prompt_share()
         best = 0.0
-        expected = accepted_by_length(state.acceptance.rates(max(K_LADDER)))
+        rates = state.calibration.rates(state.acceptance.rates(max(K_LADDER)))
+        expected = accepted_by_length(rates)
         if every_one_true:
             expected = [float(j) for j in range(max(K_LADDER) + 1)]
         for k in K_LADDER:
@@ -742,6 +776,7 @@ class Governor:
                     "shadow_drafts": s.shadowed,
                     "k": s.k,
                     "expected_gain": None if s.gain is None else round(s.gain, 3),
+                    "calibration": s.calibration.report(),
                     "propose_ms": round(s.propose_seconds / s.calls * 1000, 3) if s.calls else 0.0,
                     "probes": s.probes,
                     "probe_ms": round(s.probe_seconds * 1000, 3),

@@ -36,6 +36,7 @@ from reame_core.backend import fake as fake_module
 from reame_core.backend.base import Batch, equal_split_passes
 from reame_core.backend.fake import FakeBackend
 from reame_core.engine import committer, runner, scheduler
+from reame_core.engine.acceptance import Calibration
 from reame_core.engine.engine import Engine
 from reame_core.engine.governor import PROBE_BUDGET, PROBE_EVERY, Governor
 from reame_core.hookspecs import hookimpl
@@ -844,3 +845,55 @@ def test_a_certain_draft_is_always_taken_before_any_guess() -> None:
     longer = DraftProposal(seq, "grammar", (RIGHT,) * 12, certain=True)  # type: ignore[arg-type]
     cut = governor.choose([seq], requests, [longer])[seq.key]
     assert cut.certain and len(cut.tokens) == requests[0].max_tokens
+
+
+# ------------------------------------------------------------------ calibration
+
+
+def flattering_source_bets(governor: Governor, steps: int) -> int:
+    """A source whose drafts come true whenever they are scored in shadow and fail whenever
+    they are verified: its record flatters it exactly where the governor bets. Returns how
+    many of its drafts the governor verified over `steps` steps of one request."""
+    seq, bets = Decoding(), 0
+    for _ in range(steps):
+        requests = governor.requests([seq], 100_000, 512)
+        asked = governor.ask(SOURCE, requests, [])
+        drafts = [DraftProposal(r.seq, SOURCE, (RIGHT,) * r.max_tokens) for r in asked]
+        if asked:
+            governor.proposed(SOURCE, 0.0, asked, drafts)
+        chosen = governor.choose([seq], requests, drafts)
+        for draft in chosen.values():
+            governor.record(seq, draft, 0)
+            bets += 1
+        seq.output.append(RIGHT)
+        tokens = 1 + sum(len(d.tokens) for d in chosen.values())
+        governor.observe_decode([(0, tokens)], pass_seconds(tokens))
+    return bets
+
+
+def test_bets_that_lose_where_the_record_says_they_should_win_stop_being_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calibrated = flattering_source_bets(scripted_governor(), 400)
+    monkeypatch.setattr(Calibration, "share", lambda self, band, position: 1.0)
+    uncalibrated = flattering_source_bets(scripted_governor(), 400)
+
+    assert uncalibrated > 40  # the shadows keep making its case
+    assert calibrated < uncalibrated / 3
+
+
+def test_calibration_judges_each_position_and_each_band_of_estimates_apart() -> None:
+    calibration = Calibration()
+    for i in range(20):  # bets at 0.9 a token: the first two came true, the third seldom
+        calibration.add([0.9, 0.9, 0.9], accepted=3 if i % 5 == 0 else 2)
+    for _ in range(20):  # bets made at 0.97 a token delivered all of it
+        calibration.add([0.97] * 8, accepted=8)
+
+    rates = calibration.rates([0.9, 0.9, 0.9])
+    assert rates[:2] == pytest.approx([0.9, 0.9])  # more came true than promised: kept
+    promised = 20 * 0.9**3
+    assert rates[0] * rates[1] * rates[2] == pytest.approx(0.9**3 * (4 + 4) / (promised + 4))
+    assert calibration.rates([0.86, 0.9, 0.9])[2] == pytest.approx(rates[2])  # the same band
+    assert calibration.rates([0.97] * 8) == pytest.approx([0.97] * 8)  # never above
+    assert calibration.rates([0.4, 0.9]) == [0.4, 0.9]  # no bets there: believed
+    assert set(calibration.report()) == {"0.85", "0.95"}
