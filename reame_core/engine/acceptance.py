@@ -142,7 +142,7 @@ class Calibration:
         the first `accepted` were right."""
         if not rates:
             return
-        band = bisect.bisect_right(CALIBRATION_BANDS, rates[0])
+        band = _band(rates[0])
         promised, delivered = self.promised[band], self.delivered[band]
         if len(promised) < len(rates):
             promised += [0.0] * (len(rates) - len(promised))
@@ -162,15 +162,14 @@ class Calibration:
         promised, delivered = self.promised[band], self.delivered[band]
         if position >= len(promised):
             return self.share(band, len(promised) - 1) if promised else 1.0
-        prior = CALIBRATION_PRIOR
-        return min(1.0, (delivered[position] + prior) / (promised[position] + prior))
+        return _came_true_share(delivered[position], promised[position])
 
     def rates(self, rates: Sequence[float]) -> list[float]:
         """`rates` calibrated: the chance of the first j + 1 tokens all being right scaled
         by its position's share, as conditional rates again."""
         if not rates:
             return []
-        band = bisect.bisect_right(CALIBRATION_BANDS, rates[0])
+        band = _band(rates[0])
         if not self.promised[band]:
             return list(rates)
         out: list[float] = []
@@ -187,12 +186,22 @@ class Calibration:
         """Each band's share of its promised tokens that came true, by its lowest
         first-token rate, where bets were made."""
         edges = (0.0, *CALIBRATION_BANDS)
-        prior = CALIBRATION_PRIOR
         return {
-            f"{edge:g}": round(min(1.0, (sum(delivered) + prior) / (sum(promised) + prior)), 3)
+            f"{edge:g}": round(_came_true_share(sum(delivered), sum(promised)), 3)
             for edge, promised, delivered in zip(edges, self.promised, self.delivered, strict=True)
             if promised
         }
+
+
+def _band(first_rate: float) -> int:
+    """The `CALIBRATION_BANDS` band of an estimate whose first token's rate is `first_rate`."""
+    return bisect.bisect_right(CALIBRATION_BANDS, first_rate)
+
+
+def _came_true_share(delivered: float, promised: float) -> float:
+    """What came true of what was promised, pulled towards 1 by `CALIBRATION_PRIOR`, at
+    most 1."""
+    return min(1.0, (delivered + CALIBRATION_PRIOR) / (promised + CALIBRATION_PRIOR))
 
 
 def sequence_rates(own: Acceptance, source: Sequence[float], weight: float) -> list[float]:

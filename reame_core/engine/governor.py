@@ -167,12 +167,12 @@ class Governor:
         self._decoding = 1  # sequences decoding at the last planned step
         self._base: float | None = None  # seconds of this step without drafts
         self._with_draft: dict[int, float] = {}  # seconds of this step, one sequence drafting k
-        self._rates_now: dict[tuple[int, str], list[float]] = {}  # this step's, by request
+        # This step's rates by request and source: as estimated, and calibrated.
+        self._rates_now: dict[tuple[int, str], tuple[list[float], list[float]]] = {}
         self._calls: dict[str, _Call] = {}
         self._by_key: dict[int, EngineSequence] = {}  # this step's decoding sequences
         self._order: tuple[int, list[str]] = (0, list(self.sources))  # (step, cheapest first)
         self._retired: set[str] = set()  # sources that failed: never asked again
-        self._raw_now: dict[tuple[int, str], list[float]] = {}  # this step's, uncalibrated
         # This step's drafts chosen on their merit: source, and their tokens' rates as
         # estimated before calibration.
         self._bets: dict[int, tuple[str, list[float]]] = {}
@@ -192,7 +192,6 @@ class Governor:
         self._decoding = max(1, len(decoding))
         self._with_draft = {}
         self._rates_now = {}
-        self._raw_now = {}
         self._calls = {}
         self._by_key = {seq.key: seq for seq in decoding}
         for seq in decoding:
@@ -400,9 +399,10 @@ class Governor:
         calibration, for `record` to compare with what it yields."""
         self._bets = {}
         for key, draft in plan.items():
-            raw = self._raw_now.get((key, draft.source))
-            if key in forced or key not in offers or raw is None:
+            rates = self._rates_now.get((key, draft.source))
+            if key in forced or key not in offers or rates is None:
                 continue
+            raw, _ = rates
             self._bets[key] = (draft.source, raw[: len(draft.tokens)])
 
     def _plan(
@@ -531,16 +531,14 @@ class Governor:
         """This request's acceptance by position for the source, for drafts of up to `k`
         tokens: its own record, pulled towards the source's (computed once a step)."""
         key = (seq.key, state.name)
-        rates = self._rates_now.get(key)
-        if rates is None or len(rates) < k:
+        known = self._rates_now.get(key)
+        if known is None or len(known[1]) < k:
             general = state.acceptance.rates(max(k, self.draft_max))
-            rates = general
+            raw = general
             if own.acceptance.reached:
-                rates = sequence_rates(own.acceptance, general, SEQ_PRIOR)
-            self._raw_now[key] = rates
-            rates = state.calibration.rates(rates)
-            self._rates_now[key] = rates
-        return rates[:k]
+                raw = sequence_rates(own.acceptance, general, SEQ_PRIOR)
+            known = self._rates_now[key] = (raw, state.calibration.rates(raw))
+        return known[1][:k]
 
     def _passes(self, layout: Sequence[tuple[int, int]]) -> list[int]:
         """The backend's passes for `layout` (a pure function of it, so remembered)."""
