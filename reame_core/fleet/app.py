@@ -20,7 +20,7 @@ from ray import serve
 from ray.serve import Application
 
 from reame_core.fleet.ingress import FleetIngress
-from reame_core.fleet.plan import FleetPlan, plan_fleet, replica_settings
+from reame_core.fleet.plan import FleetPlan, plan_fleet, replica_settings, stores_conversations
 from reame_core.fleet.replica import ReameReplica
 
 __all__ = ["ROUTERS", "FleetPlan", "build", "build_fleet", "plan_fleet"]
@@ -61,8 +61,11 @@ def build_fleet(settings: Mapping[str, Any], plan: FleetPlan) -> Application:
     ingress = serve.deployment(name="reame-ingress", ray_actor_options={"num_cpus": 0})(
         FleetIngress
     )
+    values = replica_settings(settings, plan)
     shared = plan.fleet_dir is not None
-    return ingress.bind(replica.bind(replica_settings(settings, plan), shared_cache=shared))
+    return ingress.bind(
+        replica.bind(values, shared_cache=shared, conversations=stores_conversations(values))
+    )
 
 
 def build(args: Mapping[str, str]) -> Application:

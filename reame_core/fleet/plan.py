@@ -44,12 +44,23 @@ def plan_fleet(
 
 def replica_settings(settings: Mapping[str, Any], plan: FleetPlan) -> dict[str, Any]:
     """Settings for every replica: the fleet's, with the replica's thread count and, with a
-    fleet directory, the disk prefix cache and the archive in it."""
+    fleet directory, the disk prefix cache and the archive in it. The disk cache then also
+    keeps each conversation so far (unless the settings say otherwise), so a session's next
+    turn restores it on whichever replica serves it."""
     values = dict(settings)
     values["threads"] = plan.threads
     if plan.fleet_dir is not None:
         plugins = {name: dict(section) for name, section in values.get("plugins", {}).items()}
-        plugins.setdefault("diskkv", {})["dir"] = str(plan.fleet_dir / "kv")
+        disk = plugins.setdefault("diskkv", {})
+        disk["dir"] = str(plan.fleet_dir / "kv")
+        disk.setdefault("conversations", True)
         plugins.setdefault("palimpsest", {})["dir"] = str(plan.fleet_dir / "palimpsest")
         values["plugins"] = plugins
     return values
+
+
+def stores_conversations(values: Mapping[str, Any]) -> bool:
+    """Whether replicas with these settings (`replica_settings`) keep each conversation so
+    far in the shared disk cache."""
+    disk = values.get("plugins", {}).get("diskkv", {})
+    return bool(disk.get("dir")) and bool(disk.get("conversations"))

@@ -134,7 +134,8 @@ def _remember(
 class ReameReplica:
     """Constructed by Ray Serve in the replica's actor with the fleet's settings (the
     values set explicitly, as `Settings` fields). `shared_cache`: the prefix store plugins
-    keep their files in the fleet's shared directory. `name` tags replies
+    keep their files in the fleet's shared directory; `conversations`: there, the disk
+    cache keeps a chat's whole prompt, not only its first turn. `name` tags replies
     (`X-Reame-Replica`). `start` starts the runtime (tests give one over a fake backend)."""
 
     def __init__(
@@ -142,6 +143,7 @@ class ReameReplica:
         settings: Mapping[str, Any],
         *,
         shared_cache: bool = False,
+        conversations: bool = False,
         name: str | None = None,
         start: Callable[[Settings], Runtime] = start_runtime,
     ) -> None:
@@ -155,6 +157,7 @@ class ReameReplica:
         # Shared only if some plugin restores stored prefixes at all.
         shared = shared_cache and runtime.plugins.has_implementations("reame_prefix_lookup")
         self.prefixes = ServedPrefixes(info.n_seq_max, shared_cache=shared)
+        self.conversations = conversations
         log.info("fleet replica ready", replica=self.name, slots=info.n_seq_max)
 
     async def __call__(self, request: ForwardedRequest) -> AsyncIterator[ReplyStart | bytes]:
@@ -166,7 +169,8 @@ class ReameReplica:
                 part = ReplyStart(part.status, (*part.headers, tag))
             yield part
         if request.routable and status == 200:
-            self.prefixes.served(request.prompt, request.stored_chars, request.session)
+            stored = None if self.conversations else request.stored_chars  # None: all
+            self.prefixes.served(request.prompt, stored, request.session)
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Ray Serve asks every `request_routing_stats_period_s`; the routers read it."""

@@ -1,6 +1,7 @@
 """The disk prefix cache on the real SmolLM2-135M, deterministic configuration: a prefix
 restored from disk gives the tokens of a cold prefill, bit for bit — whole, cut back to a
-shorter shared prefix, and in a second server process started after the first wrote it."""
+shorter shared prefix, a conversation through its last message, and in a second server
+process started after the first wrote it."""
 
 from __future__ import annotations
 
@@ -111,6 +112,35 @@ def test_system_prompt_restored_from_disk_gives_the_cold_tokens(
         assert cold_run.usage.cached_tokens == 0
         assert warm_run.usage.restored_tokens == system_end - system_end % backend.info.chunk_grid
         assert tokens_of(warm_run) == tokens_of(cold_run)
+
+
+def test_conversation_kept_on_disk_is_restored_through_its_last_message(
+    backend: LlamaBackend, tmp_path: Path
+) -> None:
+    first = chat(backend, QUESTIONS[0])
+    with cached_engine(backend, tmp_path, conversations=True) as (engine, cache):
+        answer = greedy(engine, first).candidates[0].text
+        assert cache.flush()
+    second = encode_chat(
+        backend.info,
+        [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": QUESTIONS[0]},
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": QUESTIONS[1]},
+        ],
+    )
+    with cached_engine(backend, tmp_path / "unused") as (engine, _):
+        cold = greedy(engine, second)
+
+    with cached_engine(backend, tmp_path) as (engine, _):
+        warm = greedy(engine, second)
+
+    end_of_turn = backend.tokenize("<|im_end|>", add_special=False, parse_special=True)[0]
+    question_end = [i + 1 for i, token in enumerate(first) if token == end_of_turn][1]
+    assert common_prefix(first, second) >= question_end > first.index(end_of_turn) + 1
+    assert warm.usage.restored_tokens == question_end - question_end % backend.info.chunk_grid
+    assert tokens_of(warm) == tokens_of(cold)
 
 
 def test_longer_snapshot_cut_back_to_a_shorter_shared_prefix_gives_the_cold_tokens(

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from reame_core.cli.main import main
-from reame_core.fleet.plan import FleetPlan, plan_fleet, replica_settings
+from reame_core.fleet.plan import FleetPlan, plan_fleet, replica_settings, stores_conversations
 
 
 def test_fleet_flags_without_ray_are_an_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -54,10 +54,19 @@ def test_replica_settings_put_both_stores_in_the_fleet_directory(tmp_path: Path)
     plan = FleetPlan(replicas=2, threads=1, fleet_dir=tmp_path)
     values = replica_settings({"model": "m", "plugins": {"diskkv": {"budget": "1GB"}}}, plan)
     assert values["threads"] == 1 and values["model"] == "m"
-    assert values["plugins"]["diskkv"] == {"budget": "1GB", "dir": str(tmp_path / "kv")}
+    disk = {"budget": "1GB", "dir": str(tmp_path / "kv"), "conversations": True}
+    assert values["plugins"]["diskkv"] == disk
     assert values["plugins"]["palimpsest"] == {"dir": str(tmp_path / "palimpsest")}
+    assert stores_conversations(values)
     alone = replica_settings({"model": "m"}, FleetPlan(replicas=2, threads=1))
-    assert "plugins" not in alone
+    assert "plugins" not in alone and not stores_conversations(alone)
+
+
+def test_a_fleet_keeps_conversations_on_its_disk_unless_told_not_to(tmp_path: Path) -> None:
+    plan = FleetPlan(replicas=2, threads=1, fleet_dir=tmp_path)
+    values = replica_settings({"plugins": {"diskkv": {"conversations": False}}}, plan)
+    assert values["plugins"]["diskkv"]["conversations"] is False
+    assert not stores_conversations(values)
 
 
 def test_every_router_name_points_at_an_importable_class() -> None:

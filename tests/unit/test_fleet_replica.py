@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any
 
@@ -14,8 +14,11 @@ from litestar import Litestar
 from litestar.testing import TestClient
 
 from reame_core.backend.fake import FakeBackend
+from reame_core.fleet.affinity import CHUNK_CHARS, prefix_chain
 from reame_core.fleet.forwarding import REPLICA_HEADER, ReplyStart, exchange, forwarded
 from reame_core.fleet.replica import ReameReplica
+from reame_core.hookspecs import hookimpl
+from reame_core.hooktypes import ModelInfo
 from reame_core.plugins import PluginHost
 from reame_core.runtime import start_runtime
 
@@ -97,6 +100,46 @@ def test_served_prompts_show_in_the_routing_report(replica: ReameReplica) -> Non
     assert report["resident"] and report["queued"] == 0 and report["running"] == 0
     assert report["stored"] == []  # no shared disk cache in this replica
     replica.check_health()
+
+
+class _SharedStore:
+    """A prefix store that never has a prefix: enough for a replica to count its disk
+    cache as shared."""
+
+    @hookimpl
+    def reame_prefix_lookup(self, tokens: Sequence[int], reused: int, model: ModelInfo) -> None:
+        return None
+
+
+@pytest.mark.parametrize("conversations", [False, True])
+def test_a_replica_reports_as_stored_what_its_disk_cache_keeps(conversations: bool) -> None:
+    plugins = PluginHost(discover=False)
+    plugins.register(_SharedStore(), "shared-store")
+    start = partial(start_runtime, backend=FakeBackend(), plugins=plugins)
+    replica = ReameReplica(
+        {}, shared_cache=True, conversations=conversations, name="replica-b", start=start
+    )
+    try:
+        system = {"role": "system", "content": "Extract fields. " * 40}
+        later_turn = [
+            system,
+            {"role": "user", "content": "The first question, and at some length. " * 8},
+            {"role": "assistant", "content": "The first answer, and at some length too. " * 8},
+            {"role": "user", "content": "The second question."},
+        ]
+        ask(replica, "/v1/chat/completions", {"messages": later_turn, "max_tokens": 2})
+        report = replica.record_routing_stats()
+        chain = prefix_chain(forwarded_text(later_turn))
+        first_turn = len(f"system\n{system['content']}\n") // CHUNK_CHARS
+        expected = chain if conversations else chain[:first_turn]
+        assert report["stored"] == [h.hex() for h in expected]
+    finally:
+        replica.__del__()
+
+
+def forwarded_text(messages: list[dict[str, str]]) -> str:
+    body = json.dumps({"messages": messages}).encode()
+    return forwarded("POST", "/v1/chat/completions", b"", [], body).prompt
 
 
 def test_closing_the_reply_early_tells_the_application_the_client_left(

@@ -87,7 +87,9 @@ class DiskPrefixCache:
     def reame_configure(self, settings: Settings, model: ModelInfo) -> None:
         section = settings.plugin_section(NAME, DiskKVSettings)
         self.reame_shutdown()
-        self._policy = SnapshotPolicy(section.turns, section.block_tokens, section.min_tokens)
+        self._policy = SnapshotPolicy(
+            section.turns, section.block_tokens, section.min_tokens, section.conversations
+        )
         directory = section.directory()
         try:
             # The writer's store first: it creates the index, which may wait for the lock.

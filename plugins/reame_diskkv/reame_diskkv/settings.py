@@ -39,6 +39,12 @@ class DiskKVSettings(BaseModel):
     turns: int = Field(
         1, ge=0, description="Snapshot chat prompts at the end of their first N turns."
     )
+    conversations: bool = Field(
+        False,
+        description="Also snapshot chat prompts at the end of their last turn, so a "
+        "conversation's next turn restores it on any server sharing the directory, or after "
+        "a restart (a fleet with a shared directory turns it on).",
+    )
     block_tokens: int = Field(
         256,
         ge=0,
