@@ -183,8 +183,12 @@ def reame_prefix_lookup(tokens: Sequence[int], reused: int, model: ModelInfo) ->
 
 
 @hookspec
-def reame_prefix_store_points(tokens: Sequence[int], model: ModelInfo) -> Iterable[int]:
+def reame_prefix_store_points(
+    tokens: Sequence[int], model: ModelInfo, session: str | None
+) -> Iterable[int]:
     """Prompt lengths at which this plugin wants a KV snapshot of the prompt prefix.
+    `session` is the request's session (`X-Session-ID`, `session_id`), if it names one:
+    a conversation that will likely come back with another turn.
 
     The scheduler ends a prefill chunk at each point beyond the reused prefix, then calls
     ``reame_prefix_store``. A point is first moved back to the model's chunk grid

@@ -219,7 +219,9 @@ class Scheduler:
         group.store_points = sorted(
             {
                 self.slots.reusable(point)
-                for points in self.hook.reame_prefix_store_points(tokens=prompt, model=self.info)
+                for points in self.hook.reame_prefix_store_points(
+                    tokens=prompt, model=self.info, session=request.session_id
+                )
                 for point in points
                 if have < self.slots.reusable(point) < len(prompt)
             }

@@ -79,9 +79,9 @@ def cached_engine(
         engine.stop()
 
 
-def greedy(engine: Engine, prompt: Sequence[int]) -> FinishEvent:
+def greedy(engine: Engine, prompt: Sequence[int], session: str | None = None) -> FinishEvent:
     params = SamplingParams(max_tokens=32, ignore_eos=True)
-    finished = engine.generate(GenerationRequest(list(prompt), params))
+    finished = engine.generate(GenerationRequest(list(prompt), params, session_id=session))
     assert finished.error is None, finished.error
     return finished
 
@@ -119,7 +119,7 @@ def test_conversation_kept_on_disk_is_restored_through_its_last_message(
 ) -> None:
     first = chat(backend, QUESTIONS[0])
     with cached_engine(backend, tmp_path, conversations=True) as (engine, cache):
-        answer = greedy(engine, first).candidates[0].text
+        answer = greedy(engine, first, session="visitor").candidates[0].text
         assert cache.flush()
     second = encode_chat(
         backend.info,
@@ -134,7 +134,7 @@ def test_conversation_kept_on_disk_is_restored_through_its_last_message(
         cold = greedy(engine, second)
 
     with cached_engine(backend, tmp_path) as (engine, _):
-        warm = greedy(engine, second)
+        warm = greedy(engine, second, session="visitor")
 
     end_of_turn = backend.tokenize("<|im_end|>", add_special=False, parse_special=True)[0]
     question_end = [i + 1 for i, token in enumerate(first) if token == end_of_turn][1]

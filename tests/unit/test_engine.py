@@ -402,6 +402,40 @@ def test_restored_prefix_generates_identical_tokens(
     assert restarted.stats.prefill_tokens == len(prompt) - stored_lengths[-1]
 
 
+class SessionAwareStore:
+    """Asks for a snapshot of a session's prompts only, and records what it was told."""
+
+    def __init__(self) -> None:
+        self.asked: list[str | None] = []
+        self.stored: list[int] = []
+
+    @hookimpl
+    def reame_prefix_store_points(
+        self, tokens: Sequence[int], model: ModelInfo, session: str | None
+    ) -> Iterable[int]:
+        self.asked.append(session)
+        return [8] if session is not None else []
+
+    @hookimpl
+    def reame_prefix_store(self, tokens: Sequence[int], state: bytes, model: ModelInfo) -> None:
+        self.stored.append(len(tokens))
+
+
+def test_store_points_hear_the_requests_session(
+    make_engine: MakeEngine, tokenize: Tokenize
+) -> None:
+    store = SessionAwareStore()
+    host = PluginHost(discover=False)
+    host.register(store, "sessions")
+    engine = make_engine(plugins=host)
+    one_shot = tokenize("A question asked once and never again, by anyone")
+    engine.generate(request(one_shot, max_tokens=4))
+    turn = tokenize("A conversation that will come back for another turn")
+    engine.generate(GenerationRequest(turn, SamplingParams(max_tokens=4), session_id="chat-1"))
+    assert store.asked == [None, "chat-1"]
+    assert store.stored == [8]
+
+
 def fake_state(tokens: Sequence[int]) -> bytes:
     """The serialized state of a fake sequence whose KV holds `tokens`."""
     backend = FakeBackend()

@@ -173,11 +173,13 @@ class DiskPrefixCache:
         return PrefixHit(shared, state, NAME, found.tokens if longer else None)
 
     @hookimpl
-    def reame_prefix_store_points(self, tokens: Sequence[int], model: ModelInfo) -> Iterable[int]:
+    def reame_prefix_store_points(
+        self, tokens: Sequence[int], model: ModelInfo, session: str | None = None
+    ) -> Iterable[int]:
         reader, writer = self._reader, self._writer
         if reader is None or writer is None or writer.paused:
             return []
-        points = self._policy.points(tokens, model.eog)
+        points = self._policy.points(tokens, model.eog, session=session is not None)
         if not points:
             return []
         try:

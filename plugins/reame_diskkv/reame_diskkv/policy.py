@@ -2,9 +2,10 @@
 
 Chat prompts are snapshot at the end of their first `turns` turns (the prefix through an
 end-of-turn token; a system prompt is the first turn): that is what many requests share.
-With `conversations`, also at the end of their last turn (the conversation so far, its
-latest message included): a session's next turn then restores it on any server sharing the
-directory, or after a restart, and computes only the answer and the message since.
+With `conversations`, a session's prompts (a request naming its session) also at the end of
+their last turn (the conversation so far, its latest message included): the session's next
+turn then restores it on any server sharing the directory, or after a restart, and computes
+only the answer and the message since. A prompt without a session is not expected back.
 Prompts without chat turns (completions over a long shared document header) are snapshot
 at their last multiple of `block_tokens`. Prefixes shorter than `min_tokens` are not
 stored: computing them costs little more than reading them back. A snapshot never covers
@@ -31,13 +32,16 @@ class SnapshotPolicy:
     min_tokens: int = 128
     conversations: bool = False
 
-    def points(self, tokens: Sequence[int], end_of_turn: Collection[int]) -> list[int]:
-        """Prompt lengths to snapshot `tokens` at, ascending."""
+    def points(
+        self, tokens: Sequence[int], end_of_turn: Collection[int], session: bool = False
+    ) -> list[int]:
+        """Prompt lengths to snapshot `tokens` at, ascending; `session`: the prompt is a
+        turn of a session."""
         last = len(tokens) - 2
         turn_ends = [i + 1 for i, token in enumerate(tokens) if token in end_of_turn]
         if turn_ends:  # a chat prompt
             points = turn_ends[: self.turns]
-            if self.conversations and turn_ends[-1] not in points:
+            if self.conversations and session and turn_ends[-1] not in points:
                 points.append(turn_ends[-1])
         elif self.block_tokens:
             points = [last // self.block_tokens * self.block_tokens]

@@ -41,9 +41,9 @@ class DiskKVSettings(BaseModel):
     )
     conversations: bool = Field(
         False,
-        description="Also snapshot chat prompts at the end of their last turn, so a "
-        "conversation's next turn restores it on any server sharing the directory, or after "
-        "a restart (a fleet with a shared directory turns it on).",
+        description="Also snapshot a session's chat prompts at the end of their last turn, "
+        "so its next turn restores the conversation on any server sharing the directory, or "
+        "after a restart (a fleet with a shared directory turns it on).",
     )
     block_tokens: int = Field(
         256,

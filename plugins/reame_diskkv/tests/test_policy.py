@@ -24,12 +24,15 @@ def test_more_turns_give_more_points() -> None:
     assert SnapshotPolicy(turns=2, min_tokens=64).points(chat(300, 40), EOT) == [300, 340]
 
 
-def test_conversations_add_the_end_of_the_last_turn() -> None:
+def test_conversations_add_the_end_of_a_sessions_last_turn() -> None:
     policy = SnapshotPolicy(turns=1, min_tokens=64, conversations=True)
 
-    assert policy.points(chat(300, 40, 60, 20), EOT) == [300, 420]
-    assert policy.points(chat(300), EOT) == [300]  # the last turn is the first: once
-    assert policy.points(chat(300, 40, tail=1), EOT) == [300]  # never the last two tokens
+    assert policy.points(chat(300, 40, 60, 20), EOT, session=True) == [300, 420]
+    assert policy.points(chat(300, 40, 60, 20), EOT) == [300]  # not expected back
+    assert policy.points(chat(300), EOT, session=True) == [300]  # the last turn is the first
+    assert policy.points(chat(300, 40, tail=1), EOT, session=True) == [300]  # not the tail
+    off = SnapshotPolicy(turns=1, min_tokens=64)
+    assert off.points(chat(300, 40, 60, 20), EOT, session=True) == [300]
 
 
 def test_turn_shorter_than_the_minimum_is_not_stored() -> None:
