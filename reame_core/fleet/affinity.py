@@ -24,9 +24,7 @@ on any replica, and every replica's slots would cycle through every prefix of th
 With one, each replica's slots serve a stable share of the prefixes.
 
 And which replica each session (`X-Session-ID`, `session_id`) lives on (`SessionBook`): a
-session's later turns go where its KV is, as long as that replica lives and keeps it pinned
-(where the shared disk holds the conversation too, a turn continuing it is priced like any
-request, its replica holding it in a slot only a little cheaper than restoring it);
+session's later turns go where its KV is, as long as that replica lives and keeps it pinned;
 a request that would take a live session's pinned slot pays for that conversation's
 recompute.
 
@@ -434,8 +432,7 @@ class FleetAffinity:
             return Choice([], "none")
         live = list(candidates)
         now = self._clock()
-        chain = prefix_chain(text, self.chunk_chars)
-        host = self._session_host(session, live, chain)
+        host = self._session_host(session, live)
         if host is not None:
             rest = sorted((r for r in live if r != host), key=lambda r: self.replica(r).ahead(now))
             return Choice([host, *rest], "session")
@@ -447,6 +444,7 @@ class FleetAffinity:
             pair.sort(key=lambda r: loads[r])
             rest = sorted((r for r in live if r not in pair), key=lambda r: loads[r])
             return Choice(pair + rest, "balance")
+        chain = prefix_chain(text, self.chunk_chars)
         on_disk = self.shared.matched(chain)
         home, home_depth = self.homes.home(chain)
         cached = {r: self._cached(self.replica(r), chain, on_disk) for r in live}
@@ -474,37 +472,15 @@ class FleetAffinity:
             reason = "home" if top == home and home_depth else "spread"
         return Choice(order, reason, int(cached[top] * self.chunk_chars), cost)
 
-    def _session_host(
-        self, session: str | None, live: Sequence[str], chain: Sequence[bytes]
-    ) -> str | None:
+    def _session_host(self, session: str | None, live: Sequence[str]) -> str | None:
         """The replica whose slots still hold `session`'s conversation, if it is among
-        `live`, for a request with prompt `chain`. A session whose slot was taken goes
-        where its cost is lowest, like any request: its conversation is no longer anywhere.
-        So does a turn that continues a conversation the shared disk holds whole (a fleet
-        keeps sessions' conversations there): every replica sharing the disk restores it,
-        and its own replica, holding it in a slot, is only a little cheaper."""
+        `live`. A session whose slot was taken goes where its cost is lowest, like any
+        request: its conversation is no longer anywhere."""
         place = self.sessions.get(session)
         if place is None or not place.kept or place.replica not in live:
             return None
         view = self.replica(place.replica)
-        conversation = place.chain
-        if view.resident(conversation) < len(conversation):
-            return None
-        return None if self._continued_on_disk(view, conversation, chain) else place.replica
-
-    def _continued_on_disk(
-        self, view: ReplicaView, conversation: Sequence[bytes], chain: Sequence[bytes]
-    ) -> bool:
-        """Whether `chain` continues `conversation` (chained hashes: its chunk at the
-        conversation's depth is the conversation's last), which the shared disk holds whole
-        for `view`'s replica and every other replica sharing it."""
-        depth = len(conversation)
-        return (
-            view.shared_cache
-            and 0 < depth <= len(chain)
-            and chain[depth - 1] == conversation[-1]
-            and self.shared.matched(conversation) >= depth
-        )
+        return place.replica if view.resident(place.chain) >= len(place.chain) else None
 
     def _cached(self, view: ReplicaView, chain: Sequence[bytes], on_disk: int) -> float:
         """Chunks of `chain` the replica need not compute: held in a slot, or restored."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 
@@ -391,52 +390,6 @@ def test_a_session_sticks_to_its_replica_over_home_and_backlog() -> None:
     affinity.routed("r1", "Q" * 1500)  # and r1 is busy computing something else
     choice = affinity.rank(["r1", "r2"], SYSTEM_B + "user: first turn, second", "chat-9")
     assert choice.ranked == ["r1", "r2"] and choice.reason == "session"
-
-
-FIRST_TURN = SYSTEM_B + "user\nMy router drops the connection every evening.\n"
-SECOND_TURN = FIRST_TURN + "assistant\nWhich model is it?\nuser\nThe X2, bought in May.\n"
-
-
-def _session_on_r1(stored: bool, r1_busy: bool) -> FleetAffinity:
-    """A session's first turn went to r1; the replicas share a disk cache, which holds the
-    conversation if `stored`; r1 is computing a long prompt if `r1_busy`."""
-    affinity = fleet("r1", "r2", slots=2)
-    for replica in ("r1", "r2"):
-        affinity.observe(replica, RoutingStats(slots=2, shared_cache=True, serial=2))
-    affinity.routed("r1", FIRST_TURN, session="chat-9")
-    settle(affinity)
-    if stored:
-        report = RoutingStats(slots=2, shared_cache=True, stored=prefix_chain(FIRST_TURN))
-        affinity.observe("r1", dataclasses.replace(report, serial=3))
-    if r1_busy:
-        affinity.routed("r1", "Q" * 1500)
-    return affinity
-
-
-def test_a_turn_continuing_a_conversation_on_the_shared_disk_goes_where_it_waits_least() -> None:
-    affinity = _session_on_r1(stored=True, r1_busy=True)
-    choice = affinity.rank(["r1", "r2"], SECOND_TURN, session="chat-9")
-    assert choice.ranked[0] == "r2" and choice.reason == "disk"
-    affinity.routed("r2", SECOND_TURN, session="chat-9")
-    place = affinity.sessions.get("chat-9")
-    assert place is not None and place.replica == "r2"
-
-
-def test_a_turn_continuing_a_conversation_on_the_shared_disk_stays_where_it_is_held() -> None:
-    affinity = _session_on_r1(stored=True, r1_busy=False)
-    choice = affinity.rank(["r1", "r2"], SECOND_TURN, session="chat-9")
-    assert choice.ranked[0] == "r1" and choice.reason == "prefix"
-
-
-@pytest.mark.parametrize(
-    ("stored", "text"),
-    [(False, SECOND_TURN), (True, SYSTEM_A + "user\nA new question.\n")],
-    ids=["conversation not on disk", "not continuing it"],
-)
-def test_a_session_otherwise_sticks_to_its_replica_however_busy(stored: bool, text: str) -> None:
-    affinity = _session_on_r1(stored=stored, r1_busy=True)
-    choice = affinity.rank(["r1", "r2"], text, session="chat-9")
-    assert choice.ranked[0] == "r1" and choice.reason == "session"
 
 
 def test_stats_cross_process_boundaries_as_plain_data() -> None:
