@@ -135,7 +135,7 @@ class ReameReplica:
     """Constructed by Ray Serve in the replica's actor with the fleet's settings (the
     values set explicitly, as `Settings` fields). `shared_cache`: the prefix store plugins
     keep their files in the fleet's shared directory; `conversations`: there, the disk
-    cache keeps a chat's whole prompt, not only its first turn. `name` tags replies
+    cache keeps a session's whole prompt, not only its first turn. `name` tags replies
     (`X-Reame-Replica`). `start` starts the runtime (tests give one over a fake backend)."""
 
     def __init__(
@@ -169,7 +169,9 @@ class ReameReplica:
                 part = ReplyStart(part.status, (*part.headers, tag))
             yield part
         if request.routable and status == 200:
-            stored = None if self.conversations else request.stored_chars  # None: all
+            # A session's prompt is stored whole where conversations are kept (None: all).
+            whole = self.conversations and request.session is not None
+            stored = None if whole else request.stored_chars
             self.prefixes.served(request.prompt, stored, request.session)
 
     def record_routing_stats(self) -> dict[str, Any]:

@@ -111,8 +111,14 @@ class _SharedStore:
         return None
 
 
-@pytest.mark.parametrize("conversations", [False, True])
-def test_a_replica_reports_as_stored_what_its_disk_cache_keeps(conversations: bool) -> None:
+@pytest.mark.parametrize(
+    ("conversations", "session", "whole"),
+    [(False, "chat-1", False), (True, "chat-1", True), (True, None, False)],
+    ids=["first turns only", "a session's conversation", "no session"],
+)
+def test_a_replica_reports_as_stored_what_its_disk_cache_keeps(
+    conversations: bool, session: str | None, whole: bool
+) -> None:
     plugins = PluginHost(discover=False)
     plugins.register(_SharedStore(), "shared-store")
     start = partial(start_runtime, backend=FakeBackend(), plugins=plugins)
@@ -127,11 +133,12 @@ def test_a_replica_reports_as_stored_what_its_disk_cache_keeps(conversations: bo
             {"role": "assistant", "content": "The first answer, and at some length too. " * 8},
             {"role": "user", "content": "The second question."},
         ]
-        ask(replica, "/v1/chat/completions", {"messages": later_turn, "max_tokens": 2})
+        headers = {"x_session_id": session} if session else {}
+        ask(replica, "/v1/chat/completions", {"messages": later_turn, "max_tokens": 2}, **headers)
         report = replica.record_routing_stats()
         chain = prefix_chain(forwarded_text(later_turn))
         first_turn = len(f"system\n{system['content']}\n") // CHUNK_CHARS
-        expected = chain if conversations else chain[:first_turn]
+        expected = chain if whole else chain[:first_turn]
         assert report["stored"] == [h.hex() for h in expected]
     finally:
         replica.__del__()
