@@ -338,10 +338,14 @@ class FleetAffinity:
         disk_weight: float = DISK_WEIGHT,
         home_weight: float = HOME_WEIGHT,
         chunk_chars: int = CHUNK_CHARS,
+        sole_router: bool = False,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.chunk_chars = chunk_chars
+        # Every request the replicas get comes through this router (the fleet has one
+        # ingress): counts beyond its own are lag, not another router's requests.
+        self.sole_router = sole_router
         self.imbalance = imbalance
         self.disk_weight = disk_weight
         self.home_weight = home_weight
@@ -391,7 +395,7 @@ class FleetAffinity:
             view.hold(chain, pinned)
         view.routed_since_report.clear()
         # The count may predate requests sent since: it adds requests, never drops them.
-        view.others = max(0, stats.queued + stats.running - len(view.backlog))
+        view.others = self._others(view, stats.queued + stats.running)
         if stats.shared_cache:
             self.shared.add(stats.stored)
 
@@ -417,12 +421,19 @@ class FleetAffinity:
         a completion, it reports them all: the count then only reveals requests that are
         not this router's. Before, it also settles which of this router's have finished."""
         view = self.replica(replica_id)
-        if self._completions_seen:
-            view.others = max(0, queued_and_running - len(view.backlog))
-            return
-        now = self._clock()
-        for work in view.settle(queued_and_running):
-            self.sessions.turn_over(work.session, now)
+        if not self._completions_seen:
+            now = self._clock()
+            for work in view.settle(queued_and_running):
+                self.sessions.turn_over(work.session, now)
+        view.others = self._others(view, queued_and_running)
+
+    def _others(self, view: ReplicaView, counted: int) -> int:
+        """Requests in flight on `view`'s replica that this router did not send, from a
+        count of all of them there. A sole router sent them all: the count's excess is a
+        request completed since it was taken, and Serve's count of a replica's requests,
+        adjusted as they are sent and finish and replaced by the replica's own now and
+        then, was seen here to stay one above for over a second."""
+        return 0 if self.sole_router else max(0, counted - len(view.backlog))
 
     # ---------------------------------------------------------------- routing
 

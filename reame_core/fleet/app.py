@@ -53,6 +53,8 @@ def build_fleet(settings: Mapping[str, Any], plan: FleetPlan) -> Application:
         graceful_shutdown_timeout_s=5.0,
         request_router_config={
             "request_router_class": ROUTERS[plan.router],
+            # The fleet's one ingress holds the only handle: its router sends every request.
+            "request_router_kwargs": {"sole_router": True} if plan.router == "reame" else {},
             "request_routing_stats_period_s": STATS_PERIOD_S,
             "request_routing_stats_timeout_s": 10 * STATS_PERIOD_S,
         },

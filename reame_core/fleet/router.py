@@ -42,6 +42,7 @@ class ReameRequestRouter(RequestRouter):
         chunk_chars: int = CHUNK_CHARS,
         disk_weight: float = DISK_WEIGHT,
         home_weight: float = HOME_WEIGHT,
+        sole_router: bool = False,
         **_: Any,
     ) -> None:
         self.affinity = FleetAffinity(
@@ -49,6 +50,7 @@ class ReameRequestRouter(RequestRouter):
             chunk_chars=chunk_chars,
             disk_weight=disk_weight,
             home_weight=home_weight,
+            sole_router=sole_router,
         )
 
     def _state(self) -> FleetAffinity:

@@ -630,6 +630,18 @@ def test_a_stale_count_does_not_end_requests_once_completions_are_reported() -> 
     assert view.ahead(0.0) == 21.0 + 2 * UNKNOWN_REQUEST_CHUNKS
 
 
+def test_a_sole_router_reads_counts_beyond_its_own_as_lag() -> None:
+    affinity = fleet("r1", "r2", sole_router=True)
+    affinity.routed("r1", "warm " * 100, request="warm")
+    affinity.completed("r1", "warm")  # Serve reports completions
+    affinity.set_queue("r1", 1)  # Serve's count, still counting the finished request
+    affinity.observe("r2", RoutingStats(running=2, slots=4, serial=2))  # a report's, too
+    assert affinity.replica("r1").ahead(0.0) == 0.0 and affinity.replica("r1").others == 0
+    assert affinity.replica("r2").ahead(0.0) == 0.0 and affinity.replica("r2").others == 0
+    choice = affinity.rank(["r1", "r2"], "warm " * 100 + "again")
+    assert choice.ranked[0] == "r1" and choice.reason == "prefix"
+
+
 def test_a_session_unpinned_by_a_newer_one_stays_while_its_slot_holds_it() -> None:
     affinity = fleet("r1", "r2", slots=2)
     old = SYSTEM_A + "user: first question"
