@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import TypeAdapter
+
 RouterName = Literal["reame", "pow2", "prefix"]
 
 
@@ -61,6 +63,9 @@ def replica_settings(settings: Mapping[str, Any], plan: FleetPlan) -> dict[str, 
 
 def stores_conversations(values: Mapping[str, Any]) -> bool:
     """Whether replicas with these settings (`replica_settings`) keep each conversation so
-    far in the shared disk cache."""
+    far in the shared disk cache. The value is read as the plugin's settings read it: from
+    the environment it is a string ("false" is false)."""
     disk = values.get("plugins", {}).get("diskkv", {})
-    return bool(disk.get("dir")) and bool(disk.get("conversations"))
+    return bool(disk.get("dir")) and TypeAdapter(bool).validate_python(
+        disk.get("conversations", False)
+    )

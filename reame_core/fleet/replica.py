@@ -45,11 +45,19 @@ class ServedPrefixes:
     (`pinnable`), so their conversations stay while other prompts pass; with a shared
     disk cache, the recent ones are there for every replica to restore. And the turns it
     served of each recent session, reported with whether the engine's slots still hold
-    that conversation (the engine's word, not this record's guess)."""
+    that conversation (the engine's word, not this record's guess). `conversations`: the
+    disk cache keeps a session's whole prompt, not only its first turn."""
 
-    def __init__(self, slots: int, shared_cache: bool, chunk_chars: int = CHUNK_CHARS) -> None:
+    def __init__(
+        self,
+        slots: int,
+        shared_cache: bool,
+        chunk_chars: int = CHUNK_CHARS,
+        conversations: bool = False,
+    ) -> None:
         self.slots = slots
         self.shared_cache = shared_cache
+        self.conversations = conversations
         self.chunk_chars = chunk_chars
         self._resident: OrderedDict[bytes, list[bytes]] = OrderedDict()
         self._recent_stored: OrderedDict[bytes, list[bytes]] = OrderedDict()
@@ -63,11 +71,15 @@ class ServedPrefixes:
         self, text: str, stored_chars: int | None = None, session: str | None = None
     ) -> None:
         """A prompt computed here, a turn of `session` if given; the disk prefix cache
-        keeps its first `stored_chars` (all of it by default)."""
+        keeps its first `stored_chars` (all of it by default, and for a session where it
+        keeps conversations)."""
         chain = prefix_chain(text, self.chunk_chars)
         if not chain:
             return
-        stored = chain if stored_chars is None else chain[: stored_chars // self.chunk_chars]
+        if stored_chars is None or (self.conversations and session is not None):
+            stored = chain
+        else:
+            stored = chain[: stored_chars // self.chunk_chars]
         with self._lock:
             if session is not None:
                 turns = self._turns.pop(session, (0, b""))[0]
@@ -156,8 +168,9 @@ class ReameReplica:
         info = runtime.backend.info
         # Shared only if some plugin restores stored prefixes at all.
         shared = shared_cache and runtime.plugins.has_implementations("reame_prefix_lookup")
-        self.prefixes = ServedPrefixes(info.n_seq_max, shared_cache=shared)
-        self.conversations = conversations
+        self.prefixes = ServedPrefixes(
+            info.n_seq_max, shared_cache=shared, conversations=conversations
+        )
         log.info("fleet replica ready", replica=self.name, slots=info.n_seq_max)
 
     async def __call__(self, request: ForwardedRequest) -> AsyncIterator[ReplyStart | bytes]:
@@ -169,10 +182,7 @@ class ReameReplica:
                 part = ReplyStart(part.status, (*part.headers, tag))
             yield part
         if request.routable and status == 200:
-            # A session's prompt is stored whole where conversations are kept (None: all).
-            whole = self.conversations and request.session is not None
-            stored = None if whole else request.stored_chars
-            self.prefixes.served(request.prompt, stored, request.session)
+            self.prefixes.served(request.prompt, request.stored_chars, request.session)
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Ray Serve asks every `request_routing_stats_period_s`; the routers read it."""

@@ -67,6 +67,8 @@ def test_a_fleet_keeps_conversations_on_its_disk_unless_told_not_to(tmp_path: Pa
     values = replica_settings({"plugins": {"diskkv": {"conversations": False}}}, plan)
     assert values["plugins"]["diskkv"]["conversations"] is False
     assert not stores_conversations(values)
+    from_environment = replica_settings({"plugins": {"diskkv": {"conversations": "false"}}}, plan)
+    assert not stores_conversations(from_environment)
 
 
 def test_every_router_name_points_at_an_importable_class() -> None:
