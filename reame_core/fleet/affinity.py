@@ -325,8 +325,9 @@ class FleetAffinity:
     first token there plus what it costs others: the prompt work still ahead of it there,
     plus the chunks it must compute itself (once), plus the recompute of any live session
     whose pinned slot it would take, less `home_weight` of the prefix if the replica is
-    its home. Lowest cost first: a prefix held on a replica keeps its requests unless the
-    work ahead there outweighs computing it elsewhere."""
+    its home. Lowest cost first among the replicas with a slot free, then the others: a
+    prefix held on a replica keeps its requests unless the work ahead there outweighs
+    computing it elsewhere, or the replica has no slot free for them."""
 
     def __init__(
         self,
@@ -467,12 +468,15 @@ class FleetAffinity:
             for r in live
         }
 
-        def preference(r: str) -> tuple[float, int, int]:
-            # Equal costs: for a new prefix, the replica home to the fewest (new prefixes
-            # spread over the fleet); then the one least recently sent a request (prompts
-            # too short to cache go round the fleet).
+        def preference(r: str) -> tuple[bool, float, int, int]:
+            # A replica with a slot free before one without: a request that waits for a
+            # slot waits for a whole request to finish, and takes a slot the sessions
+            # living there will want. Equal costs: for a new prefix, the replica home to
+            # the fewest (new prefixes spread over the fleet); then the one least recently
+            # sent a request (prompts too short to cache go round the fleet).
             view = self.replica(r)
-            return (cost[r], self.homes.chunks[r] if chain else 0, view.last_routed)
+            full = view.ongoing >= view.slots
+            return (full, cost[r], self.homes.chunks[r] if chain else 0, view.last_routed)
 
         order = sorted(live, key=preference)
         top = order[0]
