@@ -234,9 +234,8 @@ class ReplicaView:
         return max(0, self.ongoing - self.slots + 1)
 
     def ahead(self, now: float) -> float:
-        """Chunks of prompt work a new request waits for here: the engine computes prompts
-        in the order they came, so a new prompt waits for what is left of those in flight,
-        cold or not."""
+        """Chunks of prompt work a new request waits for here: what is left of those in
+        flight, cold or not (see `Backlog`)."""
         return self.backlog.remaining(now) + self.others * UNKNOWN_REQUEST_CHUNKS
 
     def hold(self, chain: list[bytes], pinned: Collection[bytes] = ()) -> None:
