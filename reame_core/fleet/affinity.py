@@ -221,12 +221,22 @@ class ReplicaView:
     routed_since_report: list[list[bytes]] = field(default_factory=list)
     backlog: Backlog = field(default_factory=Backlog)
     others: int = 0  # requests in flight that this router did not send
+    counted: int | None = None  # Serve's latest count of its requests, if any
     last_routed: int = 0  # when the router last sent it a request (a routing count)
     _index: _SlotIndex | None = field(default=None, repr=False, compare=False)
 
     @property
     def ongoing(self) -> int:
         return len(self.backlog) + self.others
+
+    @property
+    def full(self) -> bool:
+        """Every slot taken, by the router's count and by Serve's: a request whose
+        completion the router never heard of must not keep a replica full for good (Serve's
+        count drops it), and Serve's count, late by a request or two, is checked against
+        the router's own."""
+        taken = self.ongoing if self.counted is None else min(self.ongoing, self.counted)
+        return taken >= self.slots
 
     @property
     def load(self) -> int:
@@ -421,6 +431,7 @@ class FleetAffinity:
         a completion, it reports them all: the count then only reveals requests that are
         not this router's. Before, it also settles which of this router's have finished."""
         view = self.replica(replica_id)
+        view.counted = queued_and_running
         if not self._completions_seen:
             now = self._clock()
             for work in view.settle(queued_and_running):
@@ -474,8 +485,7 @@ class FleetAffinity:
             # the fewest (new prefixes spread over the fleet); then the one least recently
             # sent a request (prompts too short to cache go round the fleet).
             view = self.replica(r)
-            full = view.ongoing >= view.slots
-            return (full, cost[r], self.homes.chunks[r] if chain else 0, view.last_routed)
+            return (view.full, cost[r], self.homes.chunks[r] if chain else 0, view.last_routed)
 
         order = sorted(live, key=preference)
         top = order[0]

@@ -722,3 +722,14 @@ def test_a_replica_with_a_slot_free_comes_before_one_holding_the_prefix_without(
     assert choice.ranked == ["r2", "r1"]
     affinity.completed("r1", 0)
     assert affinity.rank(["r1", "r2"], SYSTEM_A + "Invoice 9").ranked[0] == "r1"
+
+
+def test_a_request_whose_completion_never_came_does_not_keep_a_replica_full() -> None:
+    affinity = fleet("r1", "r2", slots=2, sole_router=True)
+    affinity.routed("r1", SYSTEM_A, request="warm")
+    affinity.completed("r1", "warm")
+    for n in range(2):  # their completions go missing
+        affinity.routed("r1", SYSTEM_A + f"Invoice {n}", request=n)
+    assert affinity.rank(["r1", "r2"], SYSTEM_A + "Invoice 9").ranked[0] == "r2"
+    affinity.set_queue("r1", 0)  # Serve counts nothing there
+    assert affinity.rank(["r1", "r2"], SYSTEM_A + "Invoice 9").ranked[0] == "r1"
