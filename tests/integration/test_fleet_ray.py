@@ -65,12 +65,13 @@ class Fleet:
             message = f"Hello, I am {session}. " + "I like old maps and bells. " * 30
             replies[session] = self.chat(message, session=session, max_tokens=1)
 
-        for i in range(10):
+        for i in range(20):
             pair = [f"probe-{i}-{n}-{time.monotonic_ns()}" for n in range(2)]
             replies: dict[str, httpx.Response] = {}
             threads = [threading.Thread(target=start, args=(s, replies)) for s in pair]
             for thread in threads:
                 thread.start()
+                time.sleep(0.2)  # the router has placed the first before it ranks the second
             for thread in threads:
                 thread.join()
             for session in pair:
