@@ -9,13 +9,16 @@ times; the report gives median rates and each choice's median ratio to the first
     .venv/bin/python benchmarks/build_choices.py --python .venv/bin/python \
         --python /tmp/portable/bin/python --label native-no-amx --label portable-avx2
 
-The child needs only llama_cpp, so any venv with llama-cpp-python installed will do.
+The child needs only llama_cpp, so any venv with llama-cpp-python installed will do. `--lib`
+points one of them at other llama.cpp libraries (LLAMA_CPP_LIB_PATH), such as the AMX build
+of `benchmarks/amx_build.sh`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -68,10 +71,16 @@ print(json.dumps({"pp": pp, "tg": tg, "system_info": llama_cpp.llama_print_syste
 """
 
 
-def measure(python: str, model: str, extra: bool, args: argparse.Namespace) -> dict[str, float]:
+def measure(
+    python: str, lib: str, model: str, extra: bool, args: argparse.Namespace
+) -> dict[str, float]:
     argv = [python, "-c", CHILD, model, "1" if extra else "0"]
     argv += [str(args.prompt), str(args.decode), str(args.threads)]
-    completed = subprocess.run(argv, capture_output=True, text=True)
+    env = dict(os.environ)
+    env.pop("LLAMA_CPP_LIB_PATH", None)
+    if lib != "-":
+        env["LLAMA_CPP_LIB_PATH"] = lib  # llama-cpp-python loads llama.cpp from there
+    completed = subprocess.run(argv, capture_output=True, text=True, env=env)
     if completed.returncode != 0:
         raise RuntimeError(f"{python} failed ({completed.returncode}):\n{completed.stderr[-2000:]}")
     return dict(json.loads(completed.stdout.strip().splitlines()[-1]))
@@ -81,6 +90,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--python", action="append", required=True)
     parser.add_argument("--label", action="append", required=True)
+    parser.add_argument(
+        "--lib",
+        action="append",
+        help="per --python: a directory of llama.cpp libraries to load instead ('-': installed)",
+    )
+    parser.add_argument("--name", default="build_choices", help="results file name")
     parser.add_argument("--model", default=None, help="GGUF file (default: the embedded model)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--prompt", type=int, default=512)
@@ -88,6 +103,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     assert len(args.python) == len(args.label), "one --label per --python"
+    libs = args.lib or ["-"] * len(args.python)
+    assert len(libs) == len(args.python), "one --lib per --python, or none"
 
     sys.path.insert(0, str(Path(__file__).parent))
     from common import write_report
@@ -95,14 +112,15 @@ def main() -> None:
     from reame_core.models import resolve_model
 
     model = args.model or str(resolve_model(None).path)
-    choices = [(label, python, extra) for label, python in zip(args.label, args.python, strict=True)
+    builds = zip(args.label, args.python, libs, strict=True)
+    choices = [(label, python, lib, extra) for label, python, lib in builds
                for extra in (True, False)]  # fmt: skip
     runs: dict[str, list[dict[str, float]]] = {}
     infos: dict[str, str] = {}
     for _ in range(args.reps):
-        for label, python, extra in choices:
+        for label, python, lib, extra in choices:
             name = f"{label}, extra bufts {'on' if extra else 'off'}"
-            result = measure(python, model, extra, args)
+            result = measure(python, lib, model, extra, args)
             infos[label] = str(result.pop("system_info"))
             runs.setdefault(name, []).append(result)
             time.sleep(0.5)
@@ -125,7 +143,7 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     path = write_report(
-        "build_choices",
+        args.name,
         {
             "model": Path(model).name,
             "threads": args.threads,
