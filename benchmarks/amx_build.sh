@@ -6,10 +6,11 @@
 #
 #   benchmarks/amx_build.sh [--stock] [WORKDIR]
 set -euo pipefail
-patch=true
-if [[ ${1:-} == --stock ]]; then patch=false; shift; fi
+patch=true variant=patched
+if [[ ${1:-} == --stock ]]; then patch=false variant=stock; shift; fi
 here=$(cd "$(dirname "$0")" && pwd)
-work=${1:-/tmp/reame-amx-build}
+# Each variant has a source tree of its own: a stock build never picks up an earlier patch.
+work=${1:-/tmp/reame-amx-build}/$variant
 mkdir -p "$work" && cd "$work"
 if [[ ! -d llama_cpp_python-0.3.36 ]]; then
     python3 -m pip download --quiet --no-deps --no-binary :all: llama-cpp-python==0.3.36 >&2
