@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds the llama.cpp that llama-cpp-python 0.3.36 vendors with ggml's AMX path, patched so
-# that it runs (data/ggml-amx-tile-config.patch: the tile configuration in static storage, and
-# tile-data permission asked on every thread that uses tiles). Prints the library directory,
-# for build_choices.py --lib or LLAMA_CPP_LIB_PATH. --stock builds it unpatched.
+# that it runs (scripts/patches/ggml-amx-tile-config.patch: the tile configuration in static
+# storage, and tile-data permission asked on every thread that uses tiles), as a bare library
+# with llama-bench. Prints the library directory, for build_choices.py --lib or
+# LLAMA_CPP_LIB_PATH. --stock builds it unpatched. scripts/llama-wheel makes the wheel Reame
+# installs on an AMX host from the same patch.
 #
 #   benchmarks/amx_build.sh [--stock] [WORKDIR]
 set -euo pipefail
@@ -18,7 +20,7 @@ if [[ ! -d llama_cpp_python-0.3.36 ]]; then
 fi
 src=llama_cpp_python-0.3.36/vendor/llama.cpp
 if $patch && ! grep -q amx_tile_config "$src/ggml/src/ggml-cpu/amx/mmq.cpp"; then
-    patch -d "$src" -p1 < "$here/data/ggml-amx-tile-config.patch" >&2
+    patch -d "$src" -p1 < "$here/../scripts/patches/ggml-amx-tile-config.patch" >&2
 fi
 cmake -S "$src" -B build -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \

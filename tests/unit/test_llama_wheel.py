@@ -1,0 +1,52 @@
+"""scripts/llama-wheel's cache key: one build per CPU, and AMX hosts get the patched build."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "llama-wheel"
+AVX512 = "flags\t\t: fpu sse sse2 avx avx2 avx512f avx512bw avx512_vnni"
+AMX = AVX512 + " amx_bf16 amx_tile amx_int8"
+
+
+def wheel_key(tmp_path: Path, flags: str, **env: str) -> str:
+    cpuinfo = tmp_path / f"cpuinfo-{abs(hash((flags, tuple(env.items()))))}"
+    cpuinfo.write_text(f"processor\t: 0\n{flags}\n")
+    done = subprocess.run(
+        [str(SCRIPT), "--key", sys.executable],
+        env={**os.environ, "REAME_CPUINFO": str(cpuinfo), **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+@pytest.fixture(autouse=True)
+def _x86_only() -> None:
+    if os.uname().machine != "x86_64":
+        pytest.skip("the AMX choice is made on x86-64 only")
+
+
+def test_another_cpu_gets_a_build_of_its_own(tmp_path: Path) -> None:
+    assert wheel_key(tmp_path, AVX512) != wheel_key(tmp_path, AVX512 + " avx512_fp16")
+
+
+def test_an_amx_host_gets_the_patched_build_unless_told_not_to(tmp_path: Path) -> None:
+    patched = wheel_key(tmp_path, AMX)
+    without = wheel_key(tmp_path, AMX, REAME_NO_AMX="1")
+    assert patched != without
+    assert len(patched) == len(without) == 16
+
+
+def test_the_amx_switch_changes_nothing_on_a_host_without_amx(tmp_path: Path) -> None:
+    assert wheel_key(tmp_path, AVX512) == wheel_key(tmp_path, AVX512, REAME_NO_AMX="1")
+
+
+def test_the_key_is_stable(tmp_path: Path) -> None:
+    assert wheel_key(tmp_path, AMX) == wheel_key(tmp_path, AMX)
