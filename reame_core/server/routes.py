@@ -20,6 +20,7 @@ import structlog
 from litestar import Controller, Request, Response, get, post
 from litestar.background_tasks import BackgroundTask
 from litestar.datastructures import State
+from litestar.exceptions import InternalServerException
 from litestar.response import Stream
 
 from reame_core.logs import prompts_allowed
@@ -316,7 +317,7 @@ async def _serve(request: Request[Any, Any, Any], kind: Kind) -> Response[Any]:
     by `prepare`, strictly, rather than by the framework."""
     started = time.perf_counter()
     server: ServerState = request.app.state.server
-    body = await request.body()
+    body = await _read_body(request)
     runtime = server.ready()
     call = await prepare(runtime, kind, body, request.headers.get(SESSION_HEADER))
     server.admit(call)  # 429 here: the engine has not seen the call
@@ -339,6 +340,15 @@ async def _serve(request: Request[Any, Any, Any], kind: Kind) -> Response[Any]:
 # What nginx logs for a client that closed the connection before the answer: it is never
 # sent, but the metrics count it.
 CLIENT_CLOSED = 499
+
+
+async def _read_body(request: Request[Any, Any, Any]) -> bytes:
+    """The request's body, or a 499 when the client hangs up before sending all of it
+    (Litestar raises a 500 for that: an error nobody receives, and not the server's)."""
+    try:
+        return await request.body()
+    except InternalServerException:  # the one thing `body()` raises it for: a disconnect
+        raise APIError(CLIENT_CLOSED, "The client closed the connection.") from None
 
 
 async def _unless_hung_up(request: Request[Any, Any, Any], body: Awaitable[_T]) -> _T:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -57,7 +58,7 @@ def test_clients_that_cancel_and_hang_up_lose_nothing_and_leave_no_slot(
     assert tally.completed["stream"] and tally.completed["body"], tally.completed
     assert tally.cancelled_by_client > 10 and tally.refused_429 > 0
     assert held["reame_requests_in_flight"] == held["reame_queue_depth"] == 0
-    assert held["reame_active_sequences"] == 0 and held["http_5xx"] == 0
+    assert held["reame_active_sequences"] == 0 and held["http_5xx"] == 0, held
 
 
 def test_a_full_queue_refuses_at_once(plugins: PluginHost) -> None:
@@ -96,3 +97,25 @@ def test_a_client_hanging_up_on_a_non_streamed_request_frees_its_slot(
         while active_sequences(url) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert active_sequences(url) == 0
+
+
+def test_a_client_hanging_up_before_its_body_is_sent_is_no_server_error(
+    plugins: PluginHost,
+) -> None:
+    with served(plugins) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+                b'{"prompt": '
+            )
+            time.sleep(0.2)  # the server is reading the body when the client leaves
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            statuses = soak.server_accounting(url, settle_s=0)["http_statuses"]
+            if statuses:
+                break
+            time.sleep(0.05)
+
+    assert statuses == {"499": 1.0}  # type: ignore[comparison-overlap]
