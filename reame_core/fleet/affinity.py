@@ -221,12 +221,22 @@ class ReplicaView:
     routed_since_report: list[list[bytes]] = field(default_factory=list)
     backlog: Backlog = field(default_factory=Backlog)
     others: int = 0  # requests in flight that this router did not send
+    counted: int | None = None  # Serve's latest count of its requests, if any
     last_routed: int = 0  # when the router last sent it a request (a routing count)
     _index: _SlotIndex | None = field(default=None, repr=False, compare=False)
 
     @property
     def ongoing(self) -> int:
         return len(self.backlog) + self.others
+
+    @property
+    def full(self) -> bool:
+        """Every slot taken, by the router's count and by Serve's: a request whose
+        completion the router never heard of must not keep a replica full for good (Serve's
+        count drops it), and Serve's count, late by a request or two, is checked against
+        the router's own."""
+        taken = self.ongoing if self.counted is None else min(self.ongoing, self.counted)
+        return taken >= self.slots
 
     @property
     def load(self) -> int:
@@ -324,8 +334,9 @@ class FleetAffinity:
     first token there plus what it costs others: the prompt work still ahead of it there,
     plus the chunks it must compute itself (once), plus the recompute of any live session
     whose pinned slot it would take, less `home_weight` of the prefix if the replica is
-    its home. Lowest cost first: a prefix held on a replica keeps its requests unless the
-    work ahead there outweighs computing it elsewhere."""
+    its home. Lowest cost first among the replicas with a slot free, then the others: a
+    prefix held on a replica keeps its requests unless the work ahead there outweighs
+    computing it elsewhere, or the replica has no slot free for them."""
 
     def __init__(
         self,
@@ -420,6 +431,7 @@ class FleetAffinity:
         a completion, it reports them all: the count then only reveals requests that are
         not this router's. Before, it also settles which of this router's have finished."""
         view = self.replica(replica_id)
+        view.counted = queued_and_running
         if not self._completions_seen:
             now = self._clock()
             for work in view.settle(queued_and_running):
@@ -466,12 +478,14 @@ class FleetAffinity:
             for r in live
         }
 
-        def preference(r: str) -> tuple[float, int, int]:
-            # Equal costs: for a new prefix, the replica home to the fewest (new prefixes
-            # spread over the fleet); then the one least recently sent a request (prompts
-            # too short to cache go round the fleet).
+        def preference(r: str) -> tuple[bool, float, int, int]:
+            # A replica with a slot free before one without: a request that waits for a
+            # slot waits for a whole request to finish, and takes a slot the sessions
+            # living there will want. Equal costs: for a new prefix, the replica home to
+            # the fewest (new prefixes spread over the fleet); then the one least recently
+            # sent a request (prompts too short to cache go round the fleet).
             view = self.replica(r)
-            return (cost[r], self.homes.chunks[r] if chain else 0, view.last_routed)
+            return (view.full, cost[r], self.homes.chunks[r] if chain else 0, view.last_routed)
 
         order = sorted(live, key=preference)
         top = order[0]

@@ -3,12 +3,13 @@
 A new request's first token waits for the prompt work still to do of the requests sent
 there before it, hit or cold. (The engine computes the shortest remaining prompt first; the
 router counts the whole backlog all the same: pricing that order was measured worse, see
-docs/BENCHMARKS.md.) The router knows each request's work when it sends it (the chunks it
-must compute there, `Work`) and when it completes; in between it assumes the replica works
-through them in order at its measured rate: the chunks it completed per second while it had
-work, learned from the completions it saw. So a cold prefill about to end no longer counts
-as a whole one, and a slow replica's backlog drains slowly. Until a first completion the
-rate is unknown and nothing drains: the backlog is then all the work in flight.
+docs/BENCHMARKS.md. A replica with every slot taken is ranked after one with a slot free,
+in `FleetAffinity.rank`.) The router knows each request's work when it sends it (the chunks
+it must compute there, `Work`) and when it completes; in between it assumes the replica
+works through them in order at its measured rate: the chunks it completed per second while
+it had work, learned from the completions it saw. So a cold prefill about to end no longer
+counts as a whole one, and a slow replica's backlog drains slowly. Until a first completion
+the rate is unknown and nothing drains: the backlog is then all the work in flight.
 
 Pure logic: the caller passes the time (`now`, seconds on any monotonic clock).
 """

@@ -586,9 +586,8 @@ def test_a_finished_pipeline_no_longer_keeps_new_sessions_off_its_replica() -> N
         affinity.routed("r1", conversation + "more " * turn, session="old", request=turn)
         clock.now += 1.0
         affinity.completed("r1", turn)
-    # r2 holds SYSTEM_B and works on something else
+    # r2 holds SYSTEM_B and works on it, a slot still free
     affinity.routed("r2", SYSTEM_B + "user: hi", request="x")
-    affinity.routed("r2", "z" * 600, request="y")
     new = SYSTEM_B + "user: hello"
     assert affinity.rank(["r1", "r2"], new, session="new").ranked[0] == "r2"
     clock.now += RETURN_FLOOR + 1.0  # "old" has stopped: its pin is worth nothing now
@@ -709,3 +708,28 @@ def test_a_report_older_than_a_sessions_last_turn_says_nothing_of_it() -> None:
     assert (
         affinity.rank(["r1", "r2"], conversation + "user: two, three", "chat").reason == "session"
     )
+
+
+def test_a_replica_with_a_slot_free_comes_before_one_holding_the_prefix_without() -> None:
+    affinity = fleet("r1", "r2", slots=2)
+    affinity.routed("r1", SYSTEM_A, request="warm")
+    affinity.completed("r1", "warm")
+    for n in range(2):  # two hits in flight take both of r1's slots
+        affinity.routed("r1", SYSTEM_A + f"Invoice {n}", request=n)
+    choice = affinity.rank(["r1", "r2"], SYSTEM_A + "Invoice 9")
+    # Cheaper on r1 by the chunks it holds, but there it would wait for a whole request.
+    assert choice.costs["r1"] < choice.costs["r2"]
+    assert choice.ranked == ["r2", "r1"]
+    affinity.completed("r1", 0)
+    assert affinity.rank(["r1", "r2"], SYSTEM_A + "Invoice 9").ranked[0] == "r1"
+
+
+def test_a_request_whose_completion_never_came_does_not_keep_a_replica_full() -> None:
+    affinity = fleet("r1", "r2", slots=2, sole_router=True)
+    affinity.routed("r1", SYSTEM_A, request="warm")
+    affinity.completed("r1", "warm")
+    for n in range(2):  # their completions go missing
+        affinity.routed("r1", SYSTEM_A + f"Invoice {n}", request=n)
+    assert affinity.rank(["r1", "r2"], SYSTEM_A + "Invoice 9").ranked[0] == "r2"
+    affinity.set_queue("r1", 0)  # Serve counts nothing there
+    assert affinity.rank(["r1", "r2"], SYSTEM_A + "Invoice 9").ranked[0] == "r1"
