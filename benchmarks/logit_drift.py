@@ -19,7 +19,7 @@ is (other[t] - other[b]) - (plain[t] - plain[b]). The other path emits t instead
 where the plain gap plain[b] - plain[t] is below that drift. Reported: the largest drift of
 a top-5 gap per position (median, p99, max) and the largest drift of any logit.
 
-    .venv/bin/python benchmarks/logit_drift.py [--tokens 48]
+    .venv/bin/python benchmarks/logit_drift.py [--tokens 48] [--name logit_drift]
 """
 
 from __future__ import annotations
@@ -195,6 +195,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--name", default="logit_drift", help="results file name")
     args = parser.parse_args()
     q4 = resolve_model(None).path
     with tempfile.TemporaryDirectory() as tmp:
@@ -208,12 +209,12 @@ def main() -> None:
             "prompts": len(PROMPTS),
             "tokens_per_prompt": args.tokens,
             "top": TOP,
-            "command": f"python logit_drift.py --tokens {args.tokens}",
+            "command": f"python logit_drift.py --tokens {args.tokens} --name {args.name}",
             "verify_q4_1": verify_drift(q4, args.tokens, (5, 9)),
             "verify_q8_0": verify_drift(q8, args.tokens, (5, 9)),
             "batch_fast_config": batch_drift(q4, args.tokens),
         }
-    print(write_report("logit_drift", report).read_text())
+    print(write_report(args.name, report).read_text())
 
 
 if __name__ == "__main__":

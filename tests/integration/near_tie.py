@@ -15,6 +15,9 @@ the plain path's tokens, the gap between the plain best token and each of its to
     eight sequences in one batch (unified KV, flash attention on)
         no drift at all: logits identical to one sequence alone, at 384 of 384 positions
 
+On the Intel Xeon with AMX (its patched AMX build, logit_drift_intel_amx.json) the same
+measurement found no drift at all on any of these pairs; the bounds below are the AMD host's.
+
 So a divergence needs a plain-path gap below the largest drift seen, 0.61; `GAP_BOUND` adds
 a third for other prompts. The cap on how many sequences may diverge is the count that, at
 the measured per-token flip rate, is exceeded with probability below 0.5%.
