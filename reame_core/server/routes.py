@@ -342,13 +342,17 @@ async def _serve(request: Request[Any, Any, Any], kind: Kind) -> Response[Any]:
 CLIENT_CLOSED = 499
 
 
+def _client_closed() -> APIError:
+    return APIError(CLIENT_CLOSED, "The client closed the connection.")
+
+
 async def _read_body(request: Request[Any, Any, Any]) -> bytes:
     """The request's body, or a 499 when the client hangs up before sending all of it
     (Litestar raises a 500 for that: an error nobody receives, and not the server's)."""
     try:
         return await request.body()
     except InternalServerException:  # the one thing `body()` raises it for: a disconnect
-        raise APIError(CLIENT_CLOSED, "The client closed the connection.") from None
+        raise _client_closed() from None
 
 
 async def _unless_hung_up(request: Request[Any, Any, Any], body: Awaitable[_T]) -> _T:
@@ -367,7 +371,7 @@ async def _unless_hung_up(request: Request[Any, Any, Any], body: Awaitable[_T]) 
             with contextlib.suppress(asyncio.CancelledError):
                 await work  # its `finally`s run now: the call's requests are cancelled
     if work.cancelled():
-        raise APIError(CLIENT_CLOSED, "The client closed the connection.")
+        raise _client_closed()
     return work.result()
 
 
