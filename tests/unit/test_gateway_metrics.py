@@ -52,7 +52,9 @@ def test_running_and_waiting_requests_show_in_the_gauges(server: ServerState) ->
         deadline = time.monotonic() + 10
         while True:
             seen = gauges(server.metrics.render().decode())
-            if seen["reame_num_requests_waiting"] == 1 or time.monotonic() > deadline:
+            # The running request holds cells only once its first prompt chunk is in.
+            filled = seen["reame_kv_cache_usage_perc"] > 0
+            if (seen["reame_num_requests_waiting"] == 1 and filled) or time.monotonic() > deadline:
                 break
             time.sleep(0.01)
     finally:
