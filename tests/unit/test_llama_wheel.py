@@ -1,4 +1,5 @@
-"""scripts/llama-wheel's cache key: one build per CPU, and AMX hosts get the patched build."""
+"""scripts/llama-wheel's cache key: one build per CPU, and AMX hosts get the patched build;
+scripts/llama-server builds llama.cpp the same way (llama-build-flags.sh)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "llama-wheel"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+SCRIPT = SCRIPTS / "llama-wheel"
 AVX512 = "flags\t\t: fpu sse sse2 avx avx2 avx512f avx512bw avx512_vnni"
 AMX = AVX512 + " amx_bf16 amx_tile amx_int8"
 
@@ -50,3 +52,34 @@ def test_the_amx_switch_changes_nothing_on_a_host_without_amx(tmp_path: Path) ->
 
 def test_the_key_is_stable(tmp_path: Path) -> None:
     assert wheel_key(tmp_path, AMX) == wheel_key(tmp_path, AMX)
+
+
+def build_flags(tmp_path: Path, flags: str, **env: str) -> tuple[str, str]:
+    """(cmake_args, amx_patch) as llama-build-flags.sh decides them for this CPU."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\n{flags}\n")
+    done = subprocess.run(
+        ["bash", "-c", f'here={SCRIPTS}; source "$here/llama-build-flags.sh"; '
+         'printf "%s\\n%s\\n" "$cmake_args" "$amx_patch"'],
+        env={**os.environ, "REAME_CPUINFO": str(cpuinfo), **env},
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    cmake_args, amx_patch = done.stdout.split("\n")[:2]
+    return cmake_args, amx_patch
+
+
+def test_an_amx_host_builds_with_the_patch_and_amx_left_in(tmp_path: Path) -> None:
+    cmake_args, amx_patch = build_flags(tmp_path, AMX)
+    assert amx_patch.endswith("ggml-amx-tile-config.patch") and Path(amx_patch).is_file()
+    assert "-mno-amx" not in cmake_args
+
+
+def test_elsewhere_amx_is_left_out_and_nothing_patched(tmp_path: Path) -> None:
+    for flags, env in ((AVX512, {}), (AMX, {"REAME_NO_AMX": "1"})):
+        cmake_args, amx_patch = build_flags(tmp_path, flags, **env)
+        assert amx_patch == "" and "-mno-amx-int8" in cmake_args
+
+
+def test_llama_server_and_the_wheel_share_the_build_flags() -> None:
+    for script in ("llama-wheel", "llama-server"):
+        assert 'source "$here/llama-build-flags.sh"' in (SCRIPTS / script).read_text()

@@ -1,0 +1,25 @@
+# Sourced by scripts/llama-wheel and scripts/llama-server: how llama.cpp is built on this
+# host, so Reame's library and the llama-server it is measured against run the same kernels.
+#
+# Expects `here` (the scripts folder). Sets `cpu_flags`, `cmake_args` (a CMAKE_ARGS string)
+# and `amx_patch` (the patch to apply to the vendored llama.cpp, or empty).
+#
+# Compiled for the host's own instruction set (-march=native: fast). Intel AMX gets special
+# care: the vendored ggml's AMX path dies in the first decode (its tile configuration can be
+# optimised away, and tile-data permission is asked on one thread only). On a CPU with AMX
+# the source is patched (patches/ggml-amx-tile-config.patch) and the AMX path kept: it gave
+# 4.1x the prompt rate on SmolLM2 and 1.4x on Qwen2.5-Coder-1.5B (docs/BENCHMARKS.md).
+# Elsewhere, or with REAME_NO_AMX=1, AMX is left out of the build.
+
+cpu_flags=$(grep -m1 -E '^(flags|Features)' "${REAME_CPUINFO:-/proc/cpuinfo}" || true)
+cmake_args="-DGGML_NATIVE=ON"
+amx_patch=
+if [[ $(uname -m) == x86_64 ]]; then
+    if [[ " $cpu_flags " == *" amx_int8 "* && ${REAME_NO_AMX:-0} != 1 ]]; then
+        amx_patch=$here/patches/ggml-amx-tile-config.patch
+    else
+        # GCC honours -mno-amx-* after -march=native.
+        no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+        cmake_args+=" -DCMAKE_C_FLAGS='$no_amx' -DCMAKE_CXX_FLAGS='$no_amx'"
+    fi
+fi
