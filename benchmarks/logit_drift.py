@@ -7,7 +7,8 @@ tests can bound a divergence by what the build shows instead of by a guess.
 
 Two pairs of paths, teacher-forced on the plain path's own greedy tokens:
 
-    verify   deterministic configuration (per-sequence KV, flash attention off): a sequence
+    verify   deterministic configuration (per-sequence KV; flash attention on with q8_0 keys,
+             or with --flash-attn off, off with f16 keys and values): a sequence
              decoded one token per step (plain) vs. in steps of 1 + k tokens, as verifying
              k drafts computes them (k = 4 and 8); on the embedded Q4_1 model and a Q8_0
              copy of it (the target of the draft-model test).
@@ -19,7 +20,7 @@ is (other[t] - other[b]) - (plain[t] - plain[b]). The other path emits t instead
 where the plain gap plain[b] - plain[t] is below that drift. Reported: the largest drift of
 a top-5 gap per position (median, p99, max) and the largest drift of any logit.
 
-    .venv/bin/python benchmarks/logit_drift.py [--tokens 48] [--name logit_drift]
+    .venv/bin/python benchmarks/logit_drift.py [--tokens 48] [--flash-attn on|off] [--name N]
 """
 
 from __future__ import annotations
@@ -122,11 +123,15 @@ def _summary(drifts: list[float], logit_drifts: list[float], flips: int) -> dict
     }
 
 
-def verify_drift(model: Path, tokens: int, steps: Sequence[int]) -> dict[str, Any]:
+def verify_drift(
+    model: Path, tokens: int, steps: Sequence[int], flash_attn: bool = True
+) -> dict[str, Any]:
     from reame_core.backend.llama import LlamaBackend
     from reame_core.chat import encode_chat
 
-    backend = LlamaBackend(model, n_ctx_seq=1024, n_seq_max=1, n_batch=512, n_threads=2)
+    backend = LlamaBackend(
+        model, n_ctx_seq=1024, n_seq_max=1, n_batch=512, n_threads=2, flash_attn=flash_attn
+    )
     eog = list(backend.info.eog)
     results: dict[str, Any] = {}
     plains = []
@@ -196,7 +201,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--name", default="logit_drift", help="results file name")
+    parser.add_argument(
+        "--flash-attn", choices=("on", "off"), default="on", help="for the verify pairs"
+    )
     args = parser.parse_args()
+    flash = args.flash_attn == "on"
     q4 = resolve_model(None).path
     with tempfile.TemporaryDirectory() as tmp:
         q8 = Path(tmp) / "SmolLM2-135M-Instruct.Q8_0.gguf"
@@ -209,9 +218,11 @@ def main() -> None:
             "prompts": len(PROMPTS),
             "tokens_per_prompt": args.tokens,
             "top": TOP,
-            "command": f"python logit_drift.py --tokens {args.tokens} --name {args.name}",
-            "verify_q4_1": verify_drift(q4, args.tokens, (5, 9)),
-            "verify_q8_0": verify_drift(q8, args.tokens, (5, 9)),
+            "command": f"python logit_drift.py --tokens {args.tokens} --flash-attn "
+            f"{args.flash_attn} --name {args.name}",
+            "verify_flash_attn": args.flash_attn,
+            "verify_q4_1": verify_drift(q4, args.tokens, (5, 9), flash),
+            "verify_q8_0": verify_drift(q8, args.tokens, (5, 9), flash),
             "batch_fast_config": batch_drift(q4, args.tokens),
         }
     print(write_report(args.name, report).read_text())

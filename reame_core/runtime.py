@@ -62,15 +62,19 @@ class Preparation:
     plan: HostPlan
 
 
-def prepare(settings: Settings, disk_needs: Sequence[DiskNeed] = ()) -> Preparation:
-    """Find (or download) the model, then plan threads, context, slots and KV for this host,
-    and a disk budget for each of `disk_needs` (`PluginHost.disk_needs`)."""
+def prepare(
+    settings: Settings, disk_needs: Sequence[DiskNeed] = (), build: BuildVerdict | None = None
+) -> Preparation:
+    """Find (or download) the model, then plan threads, context, slots, KV and attention for
+    this host (`build`: the build check's verdict, with its timing of attention), and a disk
+    budget for each of `disk_needs` (`PluginHost.disk_needs`)."""
     from reame_core.backend.llama import read_model_shape
 
     model = ModelStore.in_cache_dir(settings.cache_path).resolve(settings.model)
     facts = read_host_facts(settings.cache_path, [n.directory for n in disk_needs if n.directory])
     shape = read_model_shape(model.path)
-    return Preparation(model, plan_host(settings, facts, shape, disk_needs))
+    gain = build.prompt_gain_without_flash if build is not None else None
+    return Preparation(model, plan_host(settings, facts, shape, disk_needs, gain))
 
 
 def load_backend(
@@ -111,7 +115,7 @@ def start_runtime(
     if backend is None:
         # Before llama.cpp is loaded into this process: the check runs it in a child.
         build = build or ensure_build_runs(settings)
-        preparation = prepare(settings, plugins.disk_needs(settings))
+        preparation = prepare(settings, plugins.disk_needs(settings), build)
         plan = preparation.plan
         log.info("host configuration", **dict(preparation.plan.explain()))
         for warning in preparation.plan.warnings:

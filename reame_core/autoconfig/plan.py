@@ -47,6 +47,11 @@ MAX_AUTO_SLOTS = 16
 RUNTIME_RESERVE = 256 * MIB
 # Below this much free disk, no plugin gets a disk budget: models and logs need the room.
 MIN_DISK_FOR_CACHES = 1 * GIB
+# Flash attention stays on (keys in q8_0) unless the build check computed a prompt at least
+# this many times as fast without it: level on most CPUs, 4x on an Intel Xeon with AMX
+# (docs/BENCHMARKS.md, "What determinism costs"); the margin keeps a noisy timing from
+# switching it.
+FLASH_OFF_GAIN = 1.5
 
 
 @dataclass(frozen=True)
@@ -108,13 +113,18 @@ class HostPlan:
 
 
 def plan_host(
-    settings: Settings, facts: HostFacts, shape: ModelShape, disk_needs: Sequence[DiskNeed] = ()
+    settings: Settings,
+    facts: HostFacts,
+    shape: ModelShape,
+    disk_needs: Sequence[DiskNeed] = (),
+    prompt_gain_without_flash: float | None = None,
 ) -> HostPlan:
     """Every engine value for this model on this host: the settings' where they are set,
     decided from the facts where not. `disk_needs` are the enabled plugins' asks for disk
-    (hook `reame_disk_need`); each gets a budget."""
+    (hook `reame_disk_need`); each gets a budget. `prompt_gain_without_flash` is the build
+    check's timing of the two deterministic attention configurations (None: not timed)."""
     threads = _threads(settings, facts)
-    flash_attn = _flash_attn(settings)
+    flash_attn = _flash_attn(settings, prompt_gain_without_flash)
     warnings: list[str] = []
 
     ctx_target = settings.ctx or min(TARGET_CTX, shape.n_ctx_train)
@@ -186,7 +196,7 @@ def _batch(settings: Settings, facts: HostFacts, shape: ModelShape, ctx: int) ->
     )
 
 
-def _flash_attn(settings: Settings) -> Choice[bool]:
+def _flash_attn(settings: Settings, prompt_gain_without: float | None) -> Choice[bool]:
     if not settings.deterministic:
         return Choice(True, "--no-deterministic selects llama.cpp's fastest settings")
     kv_type = settings.kv_type
@@ -195,6 +205,12 @@ def _flash_attn(settings: Settings) -> Choice[bool]:
             False,
             "deterministic configuration with f16 keys and values set: flash attention would "
             "then compute rows along paths that depend on the batch and the thread count",
+        )
+    if kv_type is None and (prompt_gain_without or 0.0) >= FLASH_OFF_GAIN:
+        return Choice(
+            False,
+            f"this CPU computed a prompt {prompt_gain_without:.1f}x as fast without it "
+            "(build check); keys and values f16, deterministic too",
         )
     return Choice(True, "with q8_0 keys it computes every row along one path (deterministic)")
 

@@ -342,6 +342,7 @@ class LlamaBackend:
             "n_swa": llama_cpp.llama_model_n_swa(self._model),
             "llamafile": build_has_llamafile(),
             "use_extra_bufts": use_extra_bufts,
+            "flash_attn": self.flash_attn,
         }
         return ModelInfo(
             name=name,

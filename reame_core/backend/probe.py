@@ -9,6 +9,10 @@ weight buffer types (`use_extra_bufts=False`: no AMX, but no CPU_REPACK either);
 loads that way, or, when nothing works, stops with one message that says what happened and
 how to fix it.
 
+The child then times a short prompt in both deterministic attention configurations (flash
+attention with q8_0 keys, and without it), whose speeds differ from CPU to CPU; the host
+plan picks the faster (`BuildVerdict.prompt_gain_without_flash`).
+
 The verdict is cached in Reame's cache dir, keyed by the llama.cpp library files and the CPU
 (model, flags, kernel), so the check runs once per build and CPU. Verdicts that may depend
 on the moment (a hang, an error) are not cached. The model is not part of the key: the check
@@ -45,7 +49,7 @@ from reame_core.settings import Settings
 log = structlog.get_logger(__name__)
 
 # Bump when the child's check changes, so that verdicts of the old check are made anew.
-CHECK_VERSION = 1
+CHECK_VERSION = 2
 # A healthy check takes under a second; a busy neighbour on the cores may stretch it tenfold.
 TIMEOUT = 30.0
 PROBE_MODEL = "smollm2-135m"  # embedded in a package: no download, 98 MB, fast to load
@@ -100,6 +104,11 @@ class ProbeAttempt(BaseModel):
     def ok(self) -> bool:
         return self.outcome == "ok"
 
+    @property
+    def timing_cut_short(self) -> bool:
+        """Decoded, then stopped before it had timed attention (a busy host)."""
+        return self.stage == "attention" and "prefill_seconds" not in self.facts
+
     def describe(self) -> str:
         """One sentence: what llama.cpp did in this attempt, and where."""
         where = _STAGES.get(self.stage, f"at step {self.stage!r}")
@@ -140,6 +149,17 @@ class BuildVerdict(BaseModel):
         return next((attempt.extra_bufts for attempt in self.attempts if attempt.ok), True)
 
     @property
+    def prompt_gain_without_flash(self) -> float | None:
+        """How many times faster the check computed a prompt without flash attention (keys
+        and values in f16) than with it (keys in q8_0): both are deterministic, and which is
+        faster depends on the CPU. None when the check did not time both."""
+        seconds = self.fact("prefill_seconds") or {}
+        flash, plain = seconds.get("flash_q8_0_keys"), seconds.get("no_flash_f16")
+        if not flash or not plain:
+            return None
+        return float(flash) / float(plain)
+
+    @property
     def fell_back(self) -> bool:
         return self.runs and not self.use_extra_bufts
 
@@ -148,7 +168,10 @@ class BuildVerdict(BaseModel):
         """Decoded or crashed: facts of the build and CPU, worth caching. A hang, an error or
         a kill from outside may come from the moment (a busy host, a missing file, memory),
         so those are checked again."""
-        return all(attempt.ok or attempt.signal in _CRASHES for attempt in self.attempts)
+        return all(
+            (attempt.ok and not attempt.timing_cut_short) or attempt.signal in _CRASHES
+            for attempt in self.attempts
+        )
 
     def fact(self, name: str) -> Any:
         """A fact a child reported (the last attempt's that has it)."""
@@ -327,12 +350,15 @@ def run_attempt(command: Sequence[str], *, extra_bufts: bool, timeout: float) ->
     facts = _reports(out)
     stage = facts.pop("stage", None)
     fields: dict[str, Any] = {"extra_bufts": extra_bufts, "stage": stage, "seconds": seconds}
+    decoded = stage in ("done", "attention")  # the attention timing follows a good decode
+    if hung and decoded:  # too slow to time attention on a busy host: it decoded all the same
+        return ProbeAttempt(outcome="ok", facts=facts, **fields)
     if hung:
         return ProbeAttempt(outcome="hung", facts=facts, **fields)
     code = child.returncode
     if code < 0:
         return ProbeAttempt(outcome="signal", signal=_signal_name(-code), facts=facts, **fields)
-    if code == 0 and stage == "done":
+    if code == 0 and decoded:
         return ProbeAttempt(outcome="ok", facts=facts, **fields)
     error = _last_lines(err) or f"exit status {code}"
     return ProbeAttempt(outcome="failed", error=error, facts=facts, **fields)

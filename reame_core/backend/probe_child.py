@@ -27,6 +27,14 @@ PROMPT = "The capital of France is Paris. The capital of Italy is"
 # Greedy tokens: the prompt's decode gives the first (matrix-matrix kernels), one-token
 # decodes the rest (matrix-vector kernels).
 GENERATED = 4
+# Then a prompt is timed in each deterministic attention configuration: flash attention with
+# keys in q8_0, and without it, keys and values in f16 (names in llama_cpp).
+ATTENTION = {
+    "flash_q8_0_keys": ("LLAMA_FLASH_ATTN_TYPE_ENABLED", "GGML_TYPE_Q8_0"),
+    "no_flash_f16": ("LLAMA_FLASH_ATTN_TYPE_DISABLED", "GGML_TYPE_F16"),
+}
+PREFILL = 256
+CHUNK = 128  # Settings.prefill_chunk's default
 
 # "load_tensors:   CPU_REPACK model buffer size =    27.00 MiB"
 _BUFFER = re.compile(r"(\S+) model buffer size\s*=\s*([0-9.]+) MiB")
@@ -79,6 +87,38 @@ def _no_core_dumps() -> None:
         return
     _soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
     resource.setrlimit(resource.RLIMIT_CORE, (0, hard))
+
+
+def _prefill_seconds(llama_cpp: Any, model: Any, prompt: list[int]) -> dict[str, float]:
+    """Seconds to compute a prompt of `PREFILL` tokens in chunks of `CHUNK`, as the engine
+    does, in each deterministic attention configuration (`ATTENTION`): which one computes
+    prompts faster depends on the CPU (docs/BENCHMARKS.md, "What determinism costs")."""
+    import time
+
+    tokens = (prompt * (PREFILL // len(prompt) + 1))[:PREFILL]
+    seconds = {}
+    for name, (flash, type_k) in ATTENTION.items():
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = PREFILL
+        params.n_batch = params.n_ubatch = CHUNK
+        params.n_seq_max = 1
+        params.n_threads = params.n_threads_batch = THREADS
+        params.kv_unified = False
+        params.flash_attn_type = getattr(llama_cpp, flash)
+        params.type_k = getattr(llama_cpp, type_k)
+        params.no_perf = True
+        ctx = llama_cpp.llama_init_from_model(model, params)
+        if not ctx:
+            continue
+        started = time.perf_counter()
+        for start in range(0, PREFILL, CHUNK):
+            chunk = (llama_cpp.llama_token * CHUNK)(*tokens[start : start + CHUNK])
+            if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(chunk, CHUNK)) != 0:
+                break
+        else:
+            seconds[name] = time.perf_counter() - started
+        llama_cpp.llama_free(ctx)
+    return seconds
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -142,8 +182,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         single = (llama_cpp.llama_token * 1)(token)
         batch = llama_cpp.llama_batch_get_one(single, 1)
     say(stage="done", tokens=generated)
-
     llama_cpp.llama_free(ctx)
+
+    say(stage="attention")
+    say(prefill_seconds=_prefill_seconds(llama_cpp, model, list(prompt[:n_prompt])))
     llama_cpp.llama_model_free(model)
     return 0
 

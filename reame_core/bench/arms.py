@@ -117,7 +117,8 @@ class Lab:
 
         settings = self.settings()
         build = ensure_build_runs(settings)
-        return load_backend(settings, prepare(settings), use_extra_bufts=build.use_extra_bufts)
+        preparation = prepare(settings, build=build)
+        return load_backend(settings, preparation, use_extra_bufts=build.use_extra_bufts)
 
     def scratch(self, name: str) -> str:
         path = Path(self.trial.scratch) / name

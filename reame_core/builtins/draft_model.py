@@ -89,8 +89,10 @@ class DraftModel:
             n_batch=model.n_batch,
             n_threads=model.n_threads,
             name=draft.name,
-            # Load the way the target was: the build check may have ruled out the default.
+            # Load the way the target was: the build check may have ruled out the default,
+            # and the host plan chose the faster attention for this CPU.
             use_extra_bufts=bool(model.extra.get("use_extra_bufts", True)),
+            flash_attn=bool(model.extra.get("flash_attn", True)),
         )
         try:
             check_same_vocabulary(model, backend.info)

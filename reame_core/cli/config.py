@@ -24,8 +24,9 @@ def config_command(settings: Settings, out: TextIO) -> int:
     needs = PluginHost(settings.disable_plugins).disk_needs(settings)
     facts = read_host_facts(settings.cache_path, [n.directory for n in needs if n.directory])
     model, shape = _model_shape(settings)
-    plan = plan_host(settings, facts, shape, needs)
     build = read_verdict(settings.cache_path, ProbeSubject.here())
+    gain = build.prompt_gain_without_flash if build is not None else None
+    plan = plan_host(settings, facts, shape, needs, gain)
     out.write(render(settings.model, model, facts, plan, build_note(build)))
     return 0
 

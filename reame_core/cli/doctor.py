@@ -16,8 +16,10 @@ import time
 from pathlib import Path
 from typing import TextIO
 
+from reame_core.autoconfig.plan import FLASH_OFF_GAIN
 from reame_core.backend import probe
 from reame_core.backend.probe import BuildVerdict, ProbeAttempt
+from reame_core.backend.probe_child import PREFILL
 from reame_core.models import ModelStore, parse_model_name
 from reame_core.settings import Settings
 
@@ -37,6 +39,7 @@ def doctor_command(settings: Settings, out: TextIO, *, recheck: bool = False) ->
         settings.cache_path, probe.ProbeSubject.here(), probe.probe_model(settings), recheck=recheck
     )
     lines = [*_build_lines(verdict), *_cpu_lines(), *_verdict_lines(verdict)]
+    lines += _attention_lines(verdict)
     lines += _weights_lines(verdict, settings)
     out.write("\n".join(lines) + "\n")
     return 0 if verdict.runs else 1
@@ -98,6 +101,21 @@ def _verdict_lines(verdict: BuildVerdict) -> list[str]:
     elif not verdict.runs:
         lines += ["", "reame: " + probe.cannot_run_message(verdict)]
     return lines
+
+
+def _attention_lines(verdict: BuildVerdict) -> list[str]:
+    """The check's timing of the two deterministic attention configurations, and which one
+    the host plan takes when the settings name no KV type."""
+    gain = verdict.prompt_gain_without_flash
+    if gain is None:
+        return []
+    seconds = verdict.fact("prefill_seconds")
+    flash, plain = seconds["flash_q8_0_keys"], seconds["no_flash_f16"]
+    choice = "off" if gain >= FLASH_OFF_GAIN else "on"
+    return [
+        _row("attention", f"a {PREFILL}-token prompt: {flash:.2f} s with flash attention and "
+                          f"q8_0 keys, {plain:.2f} s without; flash attention {choice} by default"),
+    ]  # fmt: skip
 
 
 def _load_name(attempt: ProbeAttempt) -> str:

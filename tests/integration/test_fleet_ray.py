@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from near_tie import TOP, assert_text_follows_or_parts_at_a_near_tie
 from served import free_port, reame_serve
 
 ray = pytest.importorskip("ray")
@@ -131,15 +132,17 @@ def test_a_replica_drafts_from_what_the_other_generated(fleet: Fleet) -> None:
     (a, on_a), (b, on_b) = homes.items()
     question = "List the six rooms of the museum, one per line, with a short description."
     body = {"max_tokens": 48, "ignore_eos": True}
-    first = fleet.chat(question, session=on_a, **body)
+    plain = {"speculate": "off", "logprobs": True, "top_logprobs": TOP}
+    first = fleet.chat(question, session=on_a, **plain, **body)
     assert first.headers[REPLICA_HEADER] == a
     time.sleep(3)  # the archive's writers flush, its readers poll every 2 s
     second = fleet.chat(question, session=on_b, speculate="on", **body)
     assert second.headers[REPLICA_HEADER] == b
     drafts = second.json()["timings"].get("drafts", {})
     assert drafts.get("palimpsest", {}).get("accepted", 0) > 0, drafts
-    # Deterministic configuration: the same answer on either replica, drafts or not.
-    assert text_of(second) == text_of(first)
+    # Deterministic configuration: the same answer on either replica; verifying drafts in
+    # one pass is exact only up to near-ties on some builds and attention configurations.
+    assert_text_follows_or_parts_at_a_near_tie(first.json(), text_of(second))
 
 
 def test_a_replica_recalls_what_the_other_answered(fleet: Fleet) -> None:

@@ -1,12 +1,13 @@
 """The build check's real child on this machine: it loads the embedded model, decodes, and
-reports what llama.cpp said on the way (system info, the weights' buffer types)."""
+reports what llama.cpp said on the way (system info, the weights' buffer types), then times
+a prompt in both deterministic attention configurations."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from reame_core.backend.probe import child_command, run_attempt
-from reame_core.backend.probe_child import GENERATED
+from reame_core.backend.probe_child import ATTENTION, GENERATED
 
 
 def test_the_child_decodes_the_embedded_model_the_way_reame_loads_it(
@@ -19,6 +20,9 @@ def test_the_child_decodes_the_embedded_model_the_way_reame_loads_it(
     assert attempt.outcome == "ok", attempt.describe()
     assert len(attempt.facts["tokens"]) == GENERATED
     assert "CPU :" in attempt.facts["system_info"]
+    # Then it timed a prompt in both deterministic attention configurations.
+    seconds = attempt.facts["prefill_seconds"]
+    assert set(seconds) == set(ATTENTION) and all(0 < s < 60 for s in seconds.values())
 
 
 def test_without_extra_buffer_types_the_weights_stay_in_the_file_mapping(

@@ -25,6 +25,15 @@ DECODES = _REPORT + textwrap.dedent("""
     say(stage="decode")
     say(stage="done", tokens=[11, 12, 13, 14])
 """)
+TIMES_ATTENTION = DECODES + textwrap.dedent("""
+    say(stage="attention")
+    say(prefill_seconds={"flash_q8_0_keys": 2.0, "no_flash_f16": 0.5})
+""")
+HANGS_TIMING_ATTENTION = DECODES + textwrap.dedent("""
+    import time
+    say(stage="attention")
+    time.sleep(120)
+""")
 DIES_WITH_SIGILL_IN_DECODE = _REPORT + textwrap.dedent("""
     import os, signal
     say(stage="import")

@@ -17,7 +17,9 @@ from fake_children import (
     DIES_WITH_SIGILL_IN_DECODE,
     FAILS_IN_DECODE,
     HANGS_IN_DECODE,
+    HANGS_TIMING_ATTENTION,
     KILLED_IN_LOAD,
+    TIMES_ATTENTION,
     FakeChildren,
     InstallChildren,
     install_children,
@@ -77,6 +79,31 @@ def test_a_child_that_decodes_is_ok_and_keeps_what_it_reported() -> None:
     assert attempt.outcome == "ok"
     assert attempt.facts["buffers"] == {"CPU_Mapped": 98.0, "CPU_REPACK": 27.0}
     assert "LLAMAFILE = 1" in attempt.facts["system_info"]
+
+
+def test_a_child_that_times_attention_reports_which_configuration_computes_prompts_faster(
+    tmp_path: Path,
+) -> None:
+    verdict = check(FakeChildren(TIMES_ATTENTION), tmp_path)
+
+    assert verdict.attempts[0].outcome == "ok"
+    assert verdict.prompt_gain_without_flash == 4.0
+    assert check(FakeChildren(DECODES), tmp_path / "older").prompt_gain_without_flash is None
+
+
+def test_a_child_too_slow_to_time_attention_still_decoded() -> None:
+    attempt = run_attempt(FakeChildren(HANGS_TIMING_ATTENTION)(True), extra_bufts=True, timeout=1.0)
+
+    assert (attempt.outcome, attempt.stage) == ("ok", "attention")
+
+
+def test_a_check_cut_short_while_timing_attention_is_not_cached(tmp_path: Path) -> None:
+    children = FakeChildren(HANGS_TIMING_ATTENTION)
+    check(children, tmp_path, timeout=1.0)
+    verdict = check(FakeChildren(TIMES_ATTENTION), tmp_path)
+
+    assert children.started == [True]  # it decoded: no load without extra buffers
+    assert not verdict.cached and verdict.prompt_gain_without_flash == 4.0
 
 
 def test_a_child_killed_by_sigill_is_named_with_the_signal_and_the_step() -> None:
@@ -325,7 +352,7 @@ def test_the_runtime_loads_the_model_the_way_the_check_decided(
         loads.append(use_extra_bufts)
         return FakeBackend()
 
-    monkeypatch.setattr(runtime, "prepare", lambda _settings, _needs: preparation)
+    monkeypatch.setattr(runtime, "prepare", lambda *_: preparation)
     monkeypatch.setattr(runtime, "load_backend", load)
 
     runtime.start_runtime(settings, plugins=PluginHost(discover=False)).close()

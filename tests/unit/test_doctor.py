@@ -7,7 +7,13 @@ import io
 from pathlib import Path
 
 import pytest
-from fake_children import DECODES, DIES_WITH_SIGILL_IN_DECODE, InstallChildren, install_children
+from fake_children import (
+    DECODES,
+    DIES_WITH_SIGILL_IN_DECODE,
+    TIMES_ATTENTION,
+    InstallChildren,
+    install_children,
+)
 
 from reame_core.cli.doctor import doctor_command
 from reame_core.settings import Settings
@@ -107,3 +113,17 @@ def test_doctor_exits_non_zero_with_the_fix_when_the_build_cannot_run(
 
     assert doctor_command(settings, out) == 1
     assert "make reinstall-llama" in out.getvalue()
+
+
+def test_doctor_prints_the_attention_timing_and_the_default_it_gives(
+    settings: Settings, children: InstallChildren
+) -> None:
+    children(TIMES_ATTENTION)
+    out = io.StringIO()
+
+    doctor_command(settings, out)
+
+    assert (
+        "attention a 256-token prompt: 2.00 s with flash attention and q8_0 keys, 0.50 s "
+        "without; flash attention off by default"
+    ) in out.getvalue()
