@@ -9,9 +9,10 @@ weight buffer types (`use_extra_bufts=False`: no AMX, but no CPU_REPACK either);
 loads that way, or, when nothing works, stops with one message that says what happened and
 how to fix it.
 
-The child then times a short prompt in both deterministic attention configurations (flash
-attention with q8_0 keys, and without it), whose speeds differ from CPU to CPU; the host
-plan picks the faster (`BuildVerdict.prompt_gain_without_flash`).
+Once the build decodes, a second child times a short prompt in both deterministic attention
+configurations (flash attention with q8_0 keys, and without it), whose speeds differ from
+CPU to CPU, with OpenMP set as the server runs it; the host plan picks the faster
+(`BuildVerdict.prompt_gain_without_flash`).
 
 The verdict is cached in Reame's cache dir, keyed by the llama.cpp library files and the CPU
 (model, flags, kernel), so the check runs once per build and CPU. Verdicts that may depend
@@ -104,11 +105,6 @@ class ProbeAttempt(BaseModel):
     def ok(self) -> bool:
         return self.outcome == "ok"
 
-    @property
-    def timing_cut_short(self) -> bool:
-        """Decoded, then stopped before it had timed attention (a busy host)."""
-        return self.stage == "attention" and "prefill_seconds" not in self.facts
-
     def describe(self) -> str:
         """One sentence: what llama.cpp did in this attempt, and where."""
         where = _STAGES.get(self.stage, f"at step {self.stage!r}")
@@ -136,6 +132,7 @@ class BuildVerdict(BaseModel):
     cpu: str
     model: str  # the file the check loaded
     attempts: tuple[ProbeAttempt, ...]
+    timing: ProbeAttempt | None = None  # the attention timing, once the build decodes
     checked_at: float
     cached: bool = Field(default=False, exclude=True)  # read from the cache, not checked just now
 
@@ -153,7 +150,7 @@ class BuildVerdict(BaseModel):
         """How many times faster the check computed a prompt without flash attention (keys
         and values in f16) than with it (keys in q8_0): both are deterministic, and which is
         faster depends on the CPU. None when the check did not time both."""
-        seconds = self.fact("prefill_seconds") or {}
+        seconds = self.timing.facts.get("prefill_seconds") or {} if self.timing else {}
         flash, plain = seconds.get("flash_q8_0_keys"), seconds.get("no_flash_f16")
         if not flash or not plain:
             return None
@@ -168,10 +165,9 @@ class BuildVerdict(BaseModel):
         """Decoded or crashed: facts of the build and CPU, worth caching. A hang, an error or
         a kill from outside may come from the moment (a busy host, a missing file, memory),
         so those are checked again."""
-        return all(
-            (attempt.ok and not attempt.timing_cut_short) or attempt.signal in _CRASHES
-            for attempt in self.attempts
-        )
+        decided = all(attempt.ok or attempt.signal in _CRASHES for attempt in self.attempts)
+        # A timing that did not finish is taken again at the next start, like a hang.
+        return decided and (not self.runs or self.prompt_gain_without_flash is not None)
 
     def fact(self, name: str) -> Any:
         """A fact a child reported (the last attempt's that has it)."""
@@ -306,28 +302,35 @@ def cpu_identity() -> str:
 # ------------------------------------------------------------------ the child
 
 
-def child_command(model: Path) -> Launch:
-    """The real child: ``python -m reame_core.backend.probe_child MODEL``."""
+def child_command(model: Path, *, time_attention: bool = False) -> Launch:
+    """The real child: ``python -m reame_core.backend.probe_child MODEL``; with
+    `time_attention`, the one that times the attention configurations."""
 
     def command(extra_bufts: bool) -> list[str]:
         flags = [] if extra_bufts else ["--no-extra-bufts"]
+        if time_attention:
+            flags.append("--time-attention")
         return [sys.executable, "-m", "reame_core.backend.probe_child", str(model), *flags]
 
     return command
 
 
-def _child_environment() -> dict[str, str]:
+def _child_environment(passive: bool) -> dict[str, str]:
     env = dict(os.environ)
     # The child runs this very copy of Reame, wherever it was imported from.
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     # Idle OpenMP threads sleep instead of spinning: a busy neighbour on the cores then
-    # slows the check down a little rather than a hundredfold.
-    env.setdefault("OMP_WAIT_POLICY", "passive")
+    # slows the check down a little rather than a hundredfold. Not for a timing, which must
+    # see the kernels as the server runs them.
+    if passive:
+        env.setdefault("OMP_WAIT_POLICY", "passive")
     return env
 
 
-def run_attempt(command: Sequence[str], *, extra_bufts: bool, timeout: float) -> ProbeAttempt:
+def run_attempt(
+    command: Sequence[str], *, extra_bufts: bool, timeout: float, passive: bool = True
+) -> ProbeAttempt:
     """Run one child to its end (or stop it at `timeout`) and say how it ended."""
     started = time.monotonic()
     child = subprocess.Popen(
@@ -335,7 +338,7 @@ def run_attempt(command: Sequence[str], *, extra_bufts: bool, timeout: float) ->
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=_child_environment(),
+        env=_child_environment(passive),
         encoding="utf-8",
         errors="replace",
     )
@@ -350,15 +353,12 @@ def run_attempt(command: Sequence[str], *, extra_bufts: bool, timeout: float) ->
     facts = _reports(out)
     stage = facts.pop("stage", None)
     fields: dict[str, Any] = {"extra_bufts": extra_bufts, "stage": stage, "seconds": seconds}
-    decoded = stage in ("done", "attention")  # the attention timing follows a good decode
-    if hung and decoded:  # too slow to time attention on a busy host: it decoded all the same
-        return ProbeAttempt(outcome="ok", facts=facts, **fields)
     if hung:
         return ProbeAttempt(outcome="hung", facts=facts, **fields)
     code = child.returncode
     if code < 0:
         return ProbeAttempt(outcome="signal", signal=_signal_name(-code), facts=facts, **fields)
-    if code == 0 and decoded:
+    if code == 0 and stage in ("done", "attention"):
         return ProbeAttempt(outcome="ok", facts=facts, **fields)
     error = _last_lines(err) or f"exit status {code}"
     return ProbeAttempt(outcome="failed", error=error, facts=facts, **fields)
@@ -429,6 +429,7 @@ def check_build(
     model: Path,
     *,
     launch: Launch | None = None,
+    timing: Launch | None = None,
     timeout: float = TIMEOUT,
     recheck: bool = False,
 ) -> BuildVerdict:
@@ -446,12 +447,18 @@ def check_build(
     attempts = [run_attempt(launch(True), extra_bufts=True, timeout=timeout)]
     if attempts[0].outcome in ("signal", "hung"):
         attempts.append(run_attempt(launch(False), extra_bufts=False, timeout=timeout))
+    timed = None
+    loads = [attempt.extra_bufts for attempt in attempts if attempt.ok]
+    if loads:  # the build decodes: time attention the way models will load
+        timing = timing or child_command(model, time_attention=True)
+        timed = run_attempt(timing(loads[0]), extra_bufts=loads[0], timeout=timeout, passive=False)
     verdict = BuildVerdict(
         key=subject.key,
         build=subject.build,
         cpu=subject.cpu,
         model=str(model),
         attempts=tuple(attempts),
+        timing=timed,
         checked_at=time.time(),
     )
     if verdict.settled:

@@ -6,6 +6,10 @@ SIGILL, SIGBUS or SIGSEGV, or hang in it, and finding that out is its whole job.
 reports each step on stdout as it reaches it (one JSON object a line after `MARK`, flushed),
 and the parent knows how far it got however it ends. It imports nothing of Reame's beyond
 this module and stays small: the first start on a new build or CPU waits for it.
+
+With ``--time-attention`` (a second child, once the build is known to decode, run with the
+OpenMP settings the server itself runs with) it times a prompt in both deterministic
+attention configurations instead.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import ctypes
 import json
 import re
 import sys
+import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -27,14 +32,16 @@ PROMPT = "The capital of France is Paris. The capital of Italy is"
 # Greedy tokens: the prompt's decode gives the first (matrix-matrix kernels), one-token
 # decodes the rest (matrix-vector kernels).
 GENERATED = 4
-# Then a prompt is timed in each deterministic attention configuration: flash attention with
-# keys in q8_0, and without it, keys and values in f16 (names in llama_cpp).
+# With --time-attention, a prompt is timed in each deterministic attention configuration
+# instead: flash attention with keys in q8_0, and without it, keys and values f16 (names in
+# llama_cpp). Timed best of `ROUNDS`, the configurations alternating.
 ATTENTION = {
     "flash_q8_0_keys": ("LLAMA_FLASH_ATTN_TYPE_ENABLED", "GGML_TYPE_Q8_0"),
     "no_flash_f16": ("LLAMA_FLASH_ATTN_TYPE_DISABLED", "GGML_TYPE_F16"),
 }
 PREFILL = 256
 CHUNK = 128  # Settings.prefill_chunk's default
+ROUNDS = 2
 
 # "load_tensors:   CPU_REPACK model buffer size =    27.00 MiB"
 _BUFFER = re.compile(r"(\S+) model buffer size\s*=\s*([0-9.]+) MiB")
@@ -93,31 +100,31 @@ def _prefill_seconds(llama_cpp: Any, model: Any, prompt: list[int]) -> dict[str,
     """Seconds to compute a prompt of `PREFILL` tokens in chunks of `CHUNK`, as the engine
     does, in each deterministic attention configuration (`ATTENTION`): which one computes
     prompts faster depends on the CPU (docs/BENCHMARKS.md, "What determinism costs")."""
-    import time
 
     tokens = (prompt * (PREFILL // len(prompt) + 1))[:PREFILL]
-    seconds = {}
-    for name, (flash, type_k) in ATTENTION.items():
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = PREFILL
-        params.n_batch = params.n_ubatch = CHUNK
-        params.n_seq_max = 1
-        params.n_threads = params.n_threads_batch = THREADS
-        params.kv_unified = False
-        params.flash_attn_type = getattr(llama_cpp, flash)
-        params.type_k = getattr(llama_cpp, type_k)
-        params.no_perf = True
-        ctx = llama_cpp.llama_init_from_model(model, params)
-        if not ctx:
-            continue
-        started = time.perf_counter()
-        for start in range(0, PREFILL, CHUNK):
-            chunk = (llama_cpp.llama_token * CHUNK)(*tokens[start : start + CHUNK])
-            if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(chunk, CHUNK)) != 0:
-                break
-        else:
-            seconds[name] = time.perf_counter() - started
-        llama_cpp.llama_free(ctx)
+    seconds: dict[str, float] = {}
+    for _ in range(ROUNDS):
+        for name, (flash, type_k) in ATTENTION.items():
+            params = llama_cpp.llama_context_default_params()
+            params.n_ctx = PREFILL
+            params.n_batch = params.n_ubatch = CHUNK
+            params.n_seq_max = 1
+            params.n_threads = params.n_threads_batch = THREADS
+            params.kv_unified = False
+            params.flash_attn_type = getattr(llama_cpp, flash)
+            params.type_k = getattr(llama_cpp, type_k)
+            params.no_perf = True
+            ctx = llama_cpp.llama_init_from_model(model, params)
+            if not ctx:
+                raise SystemExit(f"llama.cpp could not create a context for {name}")
+            started = time.perf_counter()
+            for start in range(0, PREFILL, CHUNK):
+                chunk = (llama_cpp.llama_token * CHUNK)(*tokens[start : start + CHUNK])
+                if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(chunk, CHUNK)):
+                    raise SystemExit(f"llama_decode failed for {name}")
+            took = time.perf_counter() - started
+            seconds[name] = min(took, seconds.get(name, took))
+            llama_cpp.llama_free(ctx)
     return seconds
 
 
@@ -129,6 +136,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         dest="extra_bufts",
         action="store_false",
         help="load with use_extra_bufts=False (no CPU_REPACK or AMX weight buffers)",
+    )
+    parser.add_argument(
+        "--time-attention",
+        action="store_true",
+        help="instead of decoding, time a prompt in each deterministic attention configuration",
     )
     args = parser.parse_args(argv)
     _no_core_dumps()
@@ -161,7 +173,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"llama.cpp could not create a context for {args.model}")
     say(buffers=log.buffers(), repacked=log.repacked())
 
-    say(stage="decode")
     vocab = llama_cpp.llama_model_get_vocab(model)
     n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
     text = PROMPT.encode()
@@ -169,6 +180,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     n_prompt = llama_cpp.llama_tokenize(vocab, text, len(text), prompt, len(prompt), True, False)
     if n_prompt <= 1:
         raise SystemExit(f"llama.cpp tokenized the check's prompt into {n_prompt} tokens")
+    if args.time_attention:
+        llama_cpp.llama_free(ctx)
+        say(stage="attention")
+        say(prefill_seconds=_prefill_seconds(llama_cpp, model, list(prompt[:n_prompt])))
+        llama_cpp.llama_model_free(model)
+        return 0
+
+    say(stage="decode")
     batch, generated = llama_cpp.llama_batch_get_one(prompt, n_prompt), []
     for _ in range(GENERATED):
         status = llama_cpp.llama_decode(ctx, batch)
@@ -183,9 +202,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         batch = llama_cpp.llama_batch_get_one(single, 1)
     say(stage="done", tokens=generated)
     llama_cpp.llama_free(ctx)
-
-    say(stage="attention")
-    say(prefill_seconds=_prefill_seconds(llama_cpp, model, list(prompt[:n_prompt])))
     llama_cpp.llama_model_free(model)
     return 0
 

@@ -109,7 +109,8 @@ def _attention_lines(verdict: BuildVerdict) -> list[str]:
     gain = verdict.prompt_gain_without_flash
     if gain is None:
         return []
-    seconds = verdict.fact("prefill_seconds")
+    assert verdict.timing is not None
+    seconds = verdict.timing.facts["prefill_seconds"]
     flash, plain = seconds["flash_q8_0_keys"], seconds["no_flash_f16"]
     choice = "off" if gain >= FLASH_OFF_GAIN else "on"
     return [

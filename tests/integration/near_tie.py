@@ -24,8 +24,9 @@ verifying drafts drifted as on the AMD host:
         Q8_0: gap drift median 0.17, p99 0.50, max 0.60; best token differs at 9 of 384
 
 The bounds below are the larger of the two hosts'. A divergence needs a plain-path gap below
-the largest drift seen, 0.67; `GAP_BOUND` adds a third for other prompts. The cap on how many sequences may diverge is the count that, at
-the measured per-token flip rate, is exceeded with probability below 0.5%.
+the largest drift seen, 0.67; `GAP_BOUND` adds a third for other prompts. The cap on how
+many sequences may diverge is the count that, at the measured per-token flip rate, is
+exceeded with probability below 0.5%.
 """
 
 from __future__ import annotations

@@ -20,7 +20,18 @@ def test_the_child_decodes_the_embedded_model_the_way_reame_loads_it(
     assert attempt.outcome == "ok", attempt.describe()
     assert len(attempt.facts["tokens"]) == GENERATED
     assert "CPU :" in attempt.facts["system_info"]
-    # Then it timed a prompt in both deterministic attention configurations.
+
+
+def test_the_timing_child_times_a_prompt_in_both_attention_configurations(
+    smollm2_path: Path, use_extra_bufts: bool
+) -> None:
+    launch = child_command(smollm2_path, time_attention=True)
+
+    attempt = run_attempt(
+        launch(use_extra_bufts), extra_bufts=use_extra_bufts, timeout=60, passive=False
+    )
+
+    assert attempt.outcome == "ok", attempt.describe()
     seconds = attempt.facts["prefill_seconds"]
     assert set(seconds) == set(ATTENTION) and all(0 < s < 60 for s in seconds.values())
 

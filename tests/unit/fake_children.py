@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from reame_core.backend import probe
+from reame_core.backend.probe import Launch
 
 _REPORT = "from reame_core.backend.probe_child import say\n"
 DECODES = _REPORT + textwrap.dedent("""
@@ -25,12 +26,18 @@ DECODES = _REPORT + textwrap.dedent("""
     say(stage="decode")
     say(stage="done", tokens=[11, 12, 13, 14])
 """)
-TIMES_ATTENTION = DECODES + textwrap.dedent("""
+# Timing children (`--time-attention`): flash attention level with its absence, or 4x slower.
+TIMES_LEVEL = _REPORT + textwrap.dedent("""
+    say(stage="import")
+    say(stage="load")
     say(stage="attention")
-    say(prefill_seconds={"flash_q8_0_keys": 2.0, "no_flash_f16": 0.5})
+    say(prefill_seconds={"flash_q8_0_keys": 1.0, "no_flash_f16": 1.0})
 """)
-HANGS_TIMING_ATTENTION = DECODES + textwrap.dedent("""
+TIMES_FLASH_SLOW = TIMES_LEVEL.replace('"flash_q8_0_keys": 1.0', '"flash_q8_0_keys": 4.0')
+HANGS_TIMING_ATTENTION = _REPORT + textwrap.dedent("""
     import time
+    say(stage="import")
+    say(stage="load")
     say(stage="attention")
     time.sleep(120)
 """)
@@ -73,16 +80,24 @@ class FakeChildren:
     """Stands in for `probe.child_command`: one script for the default load, one for the
     load without extra buffer types; records every child started."""
 
-    def __init__(self, default: str, without_extra_bufts: str | None = None) -> None:
+    def __init__(
+        self, default: str, without_extra_bufts: str | None = None, timing: str = TIMES_LEVEL
+    ) -> None:
         self.scripts = {True: default, False: without_extra_bufts or default}
+        self.timing_script = timing
         self.started: list[bool] = []
+        self.timed: list[bool] = []  # the loads the attention timing was asked for
 
     def __call__(self, extra_bufts: bool) -> list[str]:
         self.started.append(extra_bufts)
         return [sys.executable, "-c", self.scripts[extra_bufts]]
 
-    def for_model(self, _model: Path) -> FakeChildren:
-        return self
+    def timing(self, extra_bufts: bool) -> list[str]:
+        self.timed.append(extra_bufts)
+        return [sys.executable, "-c", self.timing_script]
+
+    def for_model(self, _model: Path, *, time_attention: bool = False) -> Launch:
+        return self.timing if time_attention else self
 
 
 InstallChildren = Callable[..., FakeChildren]
@@ -95,8 +110,10 @@ def install_children(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Install
     embedded.write_bytes(b"GGUF")
     monkeypatch.setattr(probe, "probe_model", lambda _settings: embedded)
 
-    def install(default: str, without_extra_bufts: str | None = None) -> FakeChildren:
-        fake = FakeChildren(default, without_extra_bufts)
+    def install(
+        default: str, without_extra_bufts: str | None = None, timing: str = TIMES_LEVEL
+    ) -> FakeChildren:
+        fake = FakeChildren(default, without_extra_bufts, timing)
         monkeypatch.setattr(probe, "child_command", fake.for_model)
         return fake
 

@@ -6,6 +6,9 @@ entry points that run the check (runtime, `reame run`, `reame serve`). No model 
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,7 @@ from fake_children import (
     HANGS_IN_DECODE,
     HANGS_TIMING_ATTENTION,
     KILLED_IN_LOAD,
-    TIMES_ATTENTION,
+    TIMES_FLASH_SLOW,
     FakeChildren,
     InstallChildren,
     install_children,
@@ -28,6 +31,7 @@ from fake_children import (
 from reame_core import runtime
 from reame_core.autoconfig.facts import HostFacts
 from reame_core.autoconfig.plan import GIB, plan_host
+from reame_core.backend import probe
 from reame_core.backend.fake import FakeBackend
 from reame_core.backend.probe import (
     BuildVerdict,
@@ -55,7 +59,9 @@ def check(
     subject: ProbeSubject = BUILD_A,
     **options: Any,
 ) -> BuildVerdict:
-    return check_build(cache_dir, subject, MODEL, launch=children, **options)
+    return check_build(
+        cache_dir, subject, MODEL, launch=children, timing=children.timing, **options
+    )
 
 
 @pytest.fixture
@@ -81,29 +87,45 @@ def test_a_child_that_decodes_is_ok_and_keeps_what_it_reported() -> None:
     assert "LLAMAFILE = 1" in attempt.facts["system_info"]
 
 
-def test_a_child_that_times_attention_reports_which_configuration_computes_prompts_faster(
+def test_once_the_build_decodes_attention_is_timed_the_way_models_will_load(
     tmp_path: Path,
 ) -> None:
-    verdict = check(FakeChildren(TIMES_ATTENTION), tmp_path)
+    children = FakeChildren(DIES_WITH_SIGILL_IN_DECODE, DECODES, timing=TIMES_FLASH_SLOW)
+    verdict = check(children, tmp_path)
 
-    assert verdict.attempts[0].outcome == "ok"
+    assert children.timed == [False]  # the load that decoded
     assert verdict.prompt_gain_without_flash == 4.0
-    assert check(FakeChildren(DECODES), tmp_path / "older").prompt_gain_without_flash is None
+    assert check(FakeChildren(DECODES), tmp_path / "level").prompt_gain_without_flash == 1.0
 
 
-def test_a_child_too_slow_to_time_attention_still_decoded() -> None:
-    attempt = run_attempt(FakeChildren(HANGS_TIMING_ATTENTION)(True), extra_bufts=True, timeout=1.0)
+def test_a_build_that_cannot_run_is_not_timed(tmp_path: Path) -> None:
+    children = FakeChildren(DIES_WITH_SIGILL_IN_DECODE)
+    verdict = check(children, tmp_path)
 
-    assert (attempt.outcome, attempt.stage) == ("ok", "attention")
+    assert children.timed == [] and verdict.timing is None and verdict.settled
 
 
-def test_a_check_cut_short_while_timing_attention_is_not_cached(tmp_path: Path) -> None:
-    children = FakeChildren(HANGS_TIMING_ATTENTION)
-    check(children, tmp_path, timeout=1.0)
-    verdict = check(FakeChildren(TIMES_ATTENTION), tmp_path)
+def test_a_timing_cut_short_is_taken_again_at_the_next_start(tmp_path: Path) -> None:
+    slow = FakeChildren(DECODES, timing=HANGS_TIMING_ATTENTION)
+    first = check(slow, tmp_path, timeout=1.0)
+    again = FakeChildren(DECODES, timing=TIMES_FLASH_SLOW)
+    second = check(again, tmp_path)
 
-    assert children.started == [True]  # it decoded: no load without extra buffers
-    assert not verdict.cached and verdict.prompt_gain_without_flash == 4.0
+    assert first.runs and first.prompt_gain_without_flash is None and not first.settled
+    assert not second.cached and second.prompt_gain_without_flash == 4.0
+
+
+def test_the_timing_child_runs_with_openmp_as_the_server_does() -> None:
+    script = "import os; print(os.environ.get('OMP_WAIT_POLICY'))"
+    for passive, expected in ((True, "passive"), (False, os.environ.get("OMP_WAIT_POLICY"))):
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            env=probe._child_environment(passive),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert done.stdout.strip() == str(expected)
 
 
 def test_a_child_killed_by_sigill_is_named_with_the_signal_and_the_step() -> None:

@@ -10,7 +10,7 @@ import pytest
 from fake_children import (
     DECODES,
     DIES_WITH_SIGILL_IN_DECODE,
-    TIMES_ATTENTION,
+    TIMES_FLASH_SLOW,
     InstallChildren,
     install_children,
 )
@@ -118,12 +118,12 @@ def test_doctor_exits_non_zero_with_the_fix_when_the_build_cannot_run(
 def test_doctor_prints_the_attention_timing_and_the_default_it_gives(
     settings: Settings, children: InstallChildren
 ) -> None:
-    children(TIMES_ATTENTION)
+    children(DECODES, timing=TIMES_FLASH_SLOW)
     out = io.StringIO()
 
     doctor_command(settings, out)
 
     assert (
-        "attention a 256-token prompt: 2.00 s with flash attention and q8_0 keys, 0.50 s "
+        "attention a 256-token prompt: 4.00 s with flash attention and q8_0 keys, 1.00 s "
         "without; flash attention off by default"
     ) in out.getvalue()
