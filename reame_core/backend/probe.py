@@ -447,20 +447,19 @@ def check_build(
     attempts = [run_attempt(launch(True), extra_bufts=True, timeout=timeout)]
     if attempts[0].outcome in ("signal", "hung"):
         attempts.append(run_attempt(launch(False), extra_bufts=False, timeout=timeout))
-    timed = None
-    loads = [attempt.extra_bufts for attempt in attempts if attempt.ok]
-    if loads:  # the build decodes: time attention the way models will load
-        timing = timing or child_command(model, time_attention=True)
-        timed = run_attempt(timing(loads[0]), extra_bufts=loads[0], timeout=timeout, passive=False)
     verdict = BuildVerdict(
         key=subject.key,
         build=subject.build,
         cpu=subject.cpu,
         model=str(model),
         attempts=tuple(attempts),
-        timing=timed,
         checked_at=time.time(),
     )
+    if verdict.runs:  # time attention the way models will load
+        timing = timing or child_command(model, time_attention=True)
+        load = verdict.use_extra_bufts
+        timed = run_attempt(timing(load), extra_bufts=load, timeout=timeout, passive=False)
+        verdict = verdict.model_copy(update={"timing": timed})
     if verdict.settled:
         _write_atomically(verdict_path(cache_dir, subject), verdict.model_dump_json(indent=1))
     return verdict
