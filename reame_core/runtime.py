@@ -15,8 +15,9 @@ import structlog
 
 from reame_core.autoconfig.facts import read_host_facts
 from reame_core.autoconfig.plan import HostPlan, plan_host
+from reame_core.backend.attention_timing import time_attention
 from reame_core.backend.base import Backend
-from reame_core.backend.probe import BuildVerdict, ensure_build_runs
+from reame_core.backend.probe import BuildVerdict, ensure_build_runs, prompt_gain_without_flash
 from reame_core.engine.engine import Engine
 from reame_core.hooktypes import DiskNeed
 from reame_core.models import ModelStore, ResolvedModel
@@ -66,14 +67,15 @@ def prepare(
     settings: Settings, disk_needs: Sequence[DiskNeed] = (), build: BuildVerdict | None = None
 ) -> Preparation:
     """Find (or download) the model, then plan threads, context, slots, KV and attention for
-    this host (`build`: the build check's verdict, with its timing of attention), and a disk
-    budget for each of `disk_needs` (`PluginHost.disk_needs`)."""
+    this host (`build`: the build check's verdict; the model's attention is timed on it the
+    first time), and a disk budget for each of `disk_needs` (`PluginHost.disk_needs`)."""
     from reame_core.backend.llama import read_model_shape
 
     model = ModelStore.in_cache_dir(settings.cache_path).resolve(settings.model)
     facts = read_host_facts(settings.cache_path, [n.directory for n in disk_needs if n.directory])
     shape = read_model_shape(model.path)
-    gain = build.prompt_gain_without_flash if build is not None else None
+    timing = time_attention(settings.cache_path, build, model.path) if build else None
+    gain = prompt_gain_without_flash(timing)
     return Preparation(model, plan_host(settings, facts, shape, disk_needs, gain))
 
 

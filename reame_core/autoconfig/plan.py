@@ -124,7 +124,7 @@ def plan_host(
     (hook `reame_disk_need`); each gets a budget. `prompt_gain_without_flash` is the build
     check's timing of the two deterministic attention configurations (None: not timed)."""
     threads = _threads(settings, facts)
-    flash_attn = _flash_attn(settings, prompt_gain_without_flash)
+    flash_attn = flash_attn_choice(settings, prompt_gain_without_flash)
     warnings: list[str] = []
 
     ctx_target = settings.ctx or min(TARGET_CTX, shape.n_ctx_train)
@@ -196,7 +196,9 @@ def _batch(settings: Settings, facts: HostFacts, shape: ModelShape, ctx: int) ->
     )
 
 
-def _flash_attn(settings: Settings, prompt_gain_without: float | None) -> Choice[bool]:
+def flash_attn_choice(settings: Settings, prompt_gain_without: float | None) -> Choice[bool]:
+    """Flash attention on or off, and why: `prompt_gain_without` is the build check's timing
+    of a prompt without it against with it (None: not timed)."""
     if not settings.deterministic:
         return Choice(True, "--no-deterministic selects llama.cpp's fastest settings")
     kv_type = settings.kv_type

@@ -147,14 +147,8 @@ class BuildVerdict(BaseModel):
 
     @property
     def prompt_gain_without_flash(self) -> float | None:
-        """How many times faster the check computed a prompt without flash attention (keys
-        and values in f16) than with it (keys in q8_0): both are deterministic, and which is
-        faster depends on the CPU. None when the check did not time both."""
-        seconds = self.timing.facts.get("prefill_seconds") or {} if self.timing else {}
-        flash, plain = seconds.get("flash_q8_0_keys"), seconds.get("no_flash_f16")
-        if not flash or not plain:
-            return None
-        return float(flash) / float(plain)
+        """The timing's `prompt_gain_without_flash`, for the model the check loaded."""
+        return prompt_gain_without_flash(self.timing)
 
     @property
     def fell_back(self) -> bool:
@@ -203,6 +197,17 @@ class BuildVerdict(BaseModel):
                     + attempt.describe()
                 )
         return text
+
+
+def prompt_gain_without_flash(timing: ProbeAttempt | None) -> float | None:
+    """How many times faster a timing child computed a prompt without flash attention (keys
+    and values in f16) than with it (keys in q8_0): both are deterministic, and which is
+    faster depends on the CPU and the model. None when the child did not time both."""
+    seconds = timing.facts.get("prefill_seconds") or {} if timing else {}
+    flash, plain = seconds.get("flash_q8_0_keys"), seconds.get("no_flash_f16")
+    if not flash or not plain:
+        return None
+    return float(flash) / float(plain)
 
 
 @dataclass(frozen=True)
@@ -391,8 +396,12 @@ def _last_lines(text: str, lines: int = 3) -> str:
 # ------------------------------------------------------------------ the verdict
 
 
+def verdicts_dir(cache_dir: Path) -> Path:
+    return cache_dir / "build-checks"
+
+
 def verdict_path(cache_dir: Path, subject: ProbeSubject) -> Path:
-    return cache_dir / "build-checks" / f"{subject.key}.json"
+    return verdicts_dir(cache_dir) / f"{subject.key}.json"
 
 
 def read_verdict(cache_dir: Path, subject: ProbeSubject) -> BuildVerdict | None:
@@ -408,7 +417,7 @@ def read_verdict(cache_dir: Path, subject: ProbeSubject) -> BuildVerdict | None:
     return verdict.model_copy(update={"cached": True})
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str) -> None:
     # Two Reame processes may check at once: each writes a whole file and renames it in.
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
@@ -461,7 +470,7 @@ def check_build(
         timed = run_attempt(timing(load), extra_bufts=load, timeout=timeout, passive=False)
         verdict = verdict.model_copy(update={"timing": timed})
     if verdict.settled:
-        _write_atomically(verdict_path(cache_dir, subject), verdict.model_dump_json(indent=1))
+        write_atomically(verdict_path(cache_dir, subject), verdict.model_dump_json(indent=1))
     return verdict
 
 

@@ -11,7 +11,13 @@ from typing import TextIO
 
 from reame_core.autoconfig.facts import HostFacts, read_host_facts
 from reame_core.autoconfig.plan import HostPlan, plan_host, size
-from reame_core.backend.probe import BuildVerdict, ProbeSubject, read_verdict
+from reame_core.backend.attention_timing import cached_timing
+from reame_core.backend.probe import (
+    BuildVerdict,
+    ProbeSubject,
+    prompt_gain_without_flash,
+    read_verdict,
+)
 from reame_core.models import ModelStore, parse_model_name
 from reame_core.models.errors import ModelNotDownloadedError
 from reame_core.models.names import LocalModel
@@ -23,10 +29,10 @@ from reame_core.settings import Settings
 def config_command(settings: Settings, out: TextIO) -> int:
     needs = PluginHost(settings.disable_plugins).disk_needs(settings)
     facts = read_host_facts(settings.cache_path, [n.directory for n in needs if n.directory])
-    model, shape = _model_shape(settings)
+    model, shape, path = _model_shape(settings)
     build = read_verdict(settings.cache_path, ProbeSubject.here())
-    gain = build.prompt_gain_without_flash if build is not None else None
-    plan = plan_host(settings, facts, shape, needs, gain)
+    timing = cached_timing(settings.cache_path, build, path) if build and path else None
+    plan = plan_host(settings, facts, shape, needs, prompt_gain_without_flash(timing))
     out.write(render(settings.model, model, facts, plan, build_note(build)))
     return 0
 
@@ -60,17 +66,18 @@ def render(name: str, model: str, facts: HostFacts, plan: HostPlan, build: str =
     return "\n".join(lines) + "\n"
 
 
-def _model_shape(settings: Settings) -> tuple[str, ModelShape]:
+def _model_shape(settings: Settings) -> tuple[str, ModelShape, Path | None]:
+    """The model as `render` names it, its shape, and its file once downloaded."""
     from reame_core.backend.llama import read_model_shape
 
     store = ModelStore.in_cache_dir(settings.cache_path)
     ref = parse_model_name(settings.model)
     path: Path | None = store.locate(ref)
     if path is not None:
-        return str(path), read_model_shape(path)
+        return str(path), read_model_shape(path), path
     if not isinstance(ref, LocalModel) and ref.card is not None:
         card = ref.card
-        return f"not downloaded yet; sized from {card.repo}/{card.file}", card.shape
+        return f"not downloaded yet; sized from {card.repo}/{card.file}", card.shape, None
     raise ModelNotDownloadedError(
         f"{ref.name} is not downloaded, and only its file tells its size; "
         f"run `reame pull {ref.name}` first."

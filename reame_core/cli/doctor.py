@@ -104,8 +104,9 @@ def _verdict_lines(verdict: BuildVerdict) -> list[str]:
 
 
 def _attention_lines(verdict: BuildVerdict) -> list[str]:
-    """The check's timing of the two deterministic attention configurations, and which one
-    the host plan takes when the settings name no KV type."""
+    """The check's timing of the two deterministic attention configurations with its model,
+    and which one the host plan takes for that model when the settings name no KV type
+    (every other model is timed the first time it runs: `attention_timing`)."""
     gain = verdict.prompt_gain_without_flash
     if gain is None:
         return []
@@ -115,7 +116,8 @@ def _attention_lines(verdict: BuildVerdict) -> list[str]:
     choice = "off" if gain >= FLASH_OFF_GAIN else "on"
     return [
         _row("attention", f"a {PREFILL}-token prompt: {flash:.2f} s with flash attention and "
-                          f"q8_0 keys, {plain:.2f} s without; flash attention {choice} by default"),
+                          f"q8_0 keys, {plain:.2f} s without; flash attention {choice} for "
+                          f"{Path(verdict.model).name} (each model is timed on its first run)"),
     ]  # fmt: skip
 
 
