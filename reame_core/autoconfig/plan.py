@@ -212,9 +212,12 @@ def flash_attn_choice(settings: Settings, prompt_gain_without: float | None) -> 
         return Choice(
             False,
             f"this CPU computed a prompt {prompt_gain_without:.1f}x as fast without it "
-            "(build check); keys and values f16, deterministic too",
+            "(timed for this model); keys and values f16, deterministic too",
         )
-    return Choice(True, "with q8_0 keys it computes every row along one path (deterministic)")
+    why = "with q8_0 keys it computes every row along one path (deterministic)"
+    if kv_type is None and prompt_gain_without is not None:
+        why += f"; this CPU computed a prompt {prompt_gain_without:.2f}x as fast without it"
+    return Choice(True, why)
 
 
 def _kv_types(

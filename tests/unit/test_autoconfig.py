@@ -313,6 +313,7 @@ def test_flash_attention_stays_on_where_the_check_timed_both_alike_or_not_at_all
         result = plan_host(Settings(), SERVER_16, QWEN_15B, prompt_gain_without_flash=gain)
         assert result.flash_attn.value, gain
         assert result.kv_type_k.value == "q8_0"
+        assert (gain is None) is ("as fast without it" not in result.flash_attn.why)
 
 
 def test_the_attention_timing_overrules_neither_the_settings_nor_fast_mode() -> None:
