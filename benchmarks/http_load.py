@@ -233,6 +233,7 @@ def main() -> None:
                     "tok_s": round(statistics.median(s["tok_s"] for s in runs), 1),
                     "ttft_p50_ms": round(1000 * statistics.median(s["ttft_p50"] for s in runs), 1),
                     "ttft_p95_ms": round(1000 * statistics.median(s["ttft_p95"] for s in runs), 1),
+                    "tok_s_by_rep": [round(s["tok_s"], 1) for s in runs],
                 }
                 if name != "reame" and "reame" in samples:
                     row["reame_vs_this"] = round(
