@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from reame_core.autoconfig.plan import flash_attn_choice
 from reame_core.backend.base import Backend
 from reame_core.backend.llama import LlamaBackend
 from reame_core.backend.probe import BuildVerdict, ensure_build_runs
@@ -104,9 +105,17 @@ def use_extra_bufts(build_check: BuildVerdict) -> bool:
 
 
 @pytest.fixture(scope="session")
-def backend(smollm2_path: Path, use_extra_bufts: bool) -> Iterator[LlamaBackend]:
-    """SmolLM2 in the deterministic configuration: per-sequence KV, flash attention on its
-    one-row path (q8_0 keys)."""
+def flash_attn(build_check: BuildVerdict) -> bool:
+    """Flash attention as Reame's plan chooses it for SmolLM2 on this CPU: on, with q8_0
+    keys, unless the build check (which times SmolLM2) computed prompts much faster without
+    it (then off, keys and values f16)."""
+    return flash_attn_choice(Settings(), build_check.prompt_gain_without_flash).value
+
+
+@pytest.fixture(scope="session")
+def backend(smollm2_path: Path, use_extra_bufts: bool, flash_attn: bool) -> Iterator[LlamaBackend]:
+    """SmolLM2 in the deterministic configuration this host runs: per-sequence KV, and flash
+    attention as the plan chooses it here (`flash_attn`)."""
     backend = LlamaBackend(
         smollm2_path,
         n_ctx_seq=1024,
@@ -114,6 +123,7 @@ def backend(smollm2_path: Path, use_extra_bufts: bool) -> Iterator[LlamaBackend]
         n_batch=512,
         n_threads=2,
         deterministic=True,
+        flash_attn=flash_attn,
         use_extra_bufts=use_extra_bufts,
     )
     yield backend

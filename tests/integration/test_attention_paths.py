@@ -1,6 +1,8 @@
-"""The deterministic configuration's attention: flash attention with keys in q8_0 computes
+"""The deterministic configurations' attention: flash attention with keys in q8_0 computes
 every query row along one path, so a token's logits depend neither on the thread count nor
 on how its prompt was cut into chunks (benchmarks/attention_paths.py measures every path).
+Without flash attention (f16 keys and values: the plan's choice where the build check timed
+prompts much faster that way) a prompt cut anywhere must give the same logits too.
 
 The thread check runs against 600 tokens of context: from 512 cached cells on, ggml's flash
 attention with f16 keys and values splits a lone row's cache among the threads, and its
@@ -9,6 +11,7 @@ result then depends on their number — the control below shows the check reache
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -55,7 +58,9 @@ def one_token_after_context(backend: LlamaBackend, threads: int) -> np.ndarray:
     return logits_in_chunks(backend, tokens, [256, 256, CONTEXT - 513, 1], threads)[-1]
 
 
-def load(path: Path, use_extra_bufts: bool, type_k: KVType | None) -> LlamaBackend:
+def load(
+    path: Path, use_extra_bufts: bool, type_k: KVType | None, flash_attn: bool = True
+) -> LlamaBackend:
     return LlamaBackend(
         path,
         n_ctx_seq=1024,
@@ -63,14 +68,31 @@ def load(path: Path, use_extra_bufts: bool, type_k: KVType | None) -> LlamaBacke
         n_batch=512,
         n_threads=2,
         deterministic=True,
+        flash_attn=flash_attn,
         type_k=type_k,
         use_extra_bufts=use_extra_bufts,
     )
 
 
-def test_the_default_is_flash_attention_with_q8_0_keys(backend: LlamaBackend) -> None:
-    assert backend.flash_attn
-    assert backend.info.kv_type == "q8_0/f16"
+@pytest.fixture(scope="module", params=[True, False], ids=["flash-q8_0-keys", "no-flash"])
+def deterministic(
+    request: pytest.FixtureRequest, smollm2_path: Path, use_extra_bufts: bool
+) -> Iterator[LlamaBackend]:
+    """Both deterministic attention configurations, whichever the plan picks on this CPU."""
+    backend = load(smollm2_path, use_extra_bufts, None, flash_attn=request.param)
+    yield backend
+    backend.close()
+
+
+def test_the_default_is_flash_attention_with_q8_0_keys(
+    smollm2_path: Path, use_extra_bufts: bool
+) -> None:
+    default = load(smollm2_path, use_extra_bufts, None)
+    try:
+        assert default.flash_attn
+        assert default.info.kv_type == "q8_0/f16"
+    finally:
+        default.close()
     assert stable_attention(True, "q8_0", "f16")
     assert not stable_attention(True, "f16", "f16")
 
@@ -98,11 +120,11 @@ def test_a_token_gets_the_same_logits_with_one_thread_as_with_two(
 
 @pytest.mark.parametrize("tail", [1, 2, 8, 63, 64, 65])
 def test_a_prompt_cut_anywhere_gives_the_logits_of_one_chunk(
-    backend: LlamaBackend, tail: int
+    deterministic: LlamaBackend, tail: int
 ) -> None:
     """SmolLM2's Q4_1 weights are not repacked, so the chunk grid is not needed here: any
     cut must give the same logits (with f16 flash attention, tails under 64 did not)."""
-    tokens = tokens_for(backend, 300)
-    whole = logits_in_chunks(backend, tokens, [300])
-    cut = logits_in_chunks(backend, tokens, [300 - tail, tail])
+    tokens = tokens_for(deterministic, 300)
+    whole = logits_in_chunks(deterministic, tokens, [300])
+    cut = logits_in_chunks(deterministic, tokens, [300 - tail, tail])
     assert np.array_equal(cut[300 - tail :], whole[300 - tail :])

@@ -1,8 +1,8 @@
 """Best-of-N voting on real models: the candidates are the tokens each seed gives alone.
 
 The prompt is computed once; the first wave's candidates get its KV by copy and later
-waves by restoring a snapshot. In the deterministic configuration (per-sequence KV, no
-flash attention) neither changes a logit, so candidate i must produce exactly the tokens
+waves by restoring a snapshot. In the deterministic configuration (per-sequence KV,
+attention along one path) neither changes a logit, so candidate i must produce exactly the tokens
 of seed + i sampled alone — on SmolLM2 and on Gemma 3 270M, whose sliding-window cache
 cannot be cut back and so exercises the snapshot on a model that forbids trimming.
 """

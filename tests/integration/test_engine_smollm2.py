@@ -1,6 +1,6 @@
 """The engine on the real SmolLM2-135M, deterministic configuration: exact equality everywhere.
 
-Per-sequence KV and no flash attention make a sequence's logits independent of its batch
+Per-sequence KV and attention along one path make a sequence's logits independent of its batch
 neighbours and of whether its prefix was computed, reused or copied, so every comparison
 here is token-for-token. The last tests drive the `reame` command as a user would.
 """
