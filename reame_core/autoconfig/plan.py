@@ -118,13 +118,15 @@ def plan_host(
     shape: ModelShape,
     disk_needs: Sequence[DiskNeed] = (),
     prompt_gain_without_flash: float | None = None,
+    exact_without_flash: bool = True,
 ) -> HostPlan:
     """Every engine value for this model on this host: the settings' where they are set,
     decided from the facts where not. `disk_needs` are the enabled plugins' asks for disk
     (hook `reame_disk_need`); each gets a budget. `prompt_gain_without_flash` is the build
-    check's timing of the two deterministic attention configurations (None: not timed)."""
+    check's timing of the two deterministic attention configurations (None: not timed), and
+    `exact_without_flash` whether the check found the path without flash attention exact."""
     threads = _threads(settings, facts)
-    flash_attn = flash_attn_choice(settings, prompt_gain_without_flash)
+    flash_attn = flash_attn_choice(settings, prompt_gain_without_flash, exact_without_flash)
     warnings: list[str] = []
 
     ctx_target = settings.ctx or min(TARGET_CTX, shape.n_ctx_train)
@@ -196,9 +198,12 @@ def _batch(settings: Settings, facts: HostFacts, shape: ModelShape, ctx: int) ->
     )
 
 
-def flash_attn_choice(settings: Settings, prompt_gain_without: float | None) -> Choice[bool]:
-    """Flash attention on or off, and why: `prompt_gain_without` is the build check's timing
-    of a prompt without it against with it (None: not timed)."""
+def flash_attn_choice(
+    settings: Settings, prompt_gain_without: float | None, exact_without: bool = True
+) -> Choice[bool]:
+    """Flash attention on or off, and why: `prompt_gain_without` is the timing of a prompt
+    without it against with it (None: not timed), `exact_without` whether a row computed
+    alone without it got the logits it gets in a chunk (if not, it stays on)."""
     if not settings.deterministic:
         return Choice(True, "--no-deterministic selects llama.cpp's fastest settings")
     kv_type = settings.kv_type
@@ -208,7 +213,15 @@ def flash_attn_choice(settings: Settings, prompt_gain_without: float | None) -> 
             "deterministic configuration with f16 keys and values set: flash attention would "
             "then compute rows along paths that depend on the batch and the thread count",
         )
-    if kv_type is None and (prompt_gain_without or 0.0) >= FLASH_OFF_GAIN:
+    faster = kv_type is None and (prompt_gain_without or 0.0) >= FLASH_OFF_GAIN
+    if faster and not exact_without:
+        return Choice(
+            True,
+            f"this CPU computed a prompt {prompt_gain_without:.1f}x as fast without it, but "
+            "there a row computed alone then differs from the same row in a chunk (timed "
+            "for this model): q8_0 keys keep every row on one path (deterministic)",
+        )
+    if faster:
         return Choice(
             False,
             f"this CPU computed a prompt {prompt_gain_without:.1f}x as fast without it "

@@ -50,7 +50,7 @@ from reame_core.settings import Settings
 log = structlog.get_logger(__name__)
 
 # Bump when the child's check changes, so that verdicts of the old check are made anew.
-CHECK_VERSION = 2
+CHECK_VERSION = 3
 # A healthy check takes under a second; a busy neighbour on the cores may stretch it tenfold.
 TIMEOUT = 30.0
 PROBE_MODEL = "smollm2-135m"  # embedded in a package: no download, 98 MB, fast to load
@@ -208,6 +208,12 @@ def prompt_gain_without_flash(timing: ProbeAttempt | None) -> float | None:
     if not flash or not plain:
         return None
     return float(flash) / float(plain)
+
+
+def exact_without_flash(timing: ProbeAttempt | None) -> bool:
+    """Whether, without flash attention, a timing child found a prompt's last row computed
+    alone equal to the same row computed in a chunk (unknown: not)."""
+    return bool(timing and timing.facts.get("one_row_exact_without_flash"))
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,9 @@ ATTENTION = {
 PREFILL = 256
 CHUNK = 128  # Settings.prefill_chunk's default
 ROUNDS = 2
+# The one-row check's context: without flash attention, a lone row's products against 256
+# cached cells or more took another path than the same row's in a chunk on the Intel host.
+ONE_ROW_CONTEXT = 600
 
 # "load_tensors:   CPU_REPACK model buffer size =    27.00 MiB"
 _BUFFER = re.compile(r"(\S+) model buffer size\s*=\s*([0-9.]+) MiB")
@@ -128,6 +131,40 @@ def _prefill_seconds(llama_cpp: Any, model: Any, prompt: list[int]) -> dict[str,
     return seconds
 
 
+def _one_row_exact_without_flash(llama_cpp: Any, model: Any, prompt: list[int]) -> bool:
+    """Whether, without flash attention, a prompt's last row computed alone (as a decode
+    step computes it) gets the logits it gets inside a chunk: the deterministic
+    configuration needs that, and on some CPUs the one-row path takes other kernels."""
+    import numpy as np
+
+    tokens = (prompt * (ONE_ROW_CONTEXT // len(prompt) + 1))[:ONE_ROW_CONTEXT]
+    whole = [CHUNK] * (len(tokens) // CHUNK) + [len(tokens) % CHUNK]
+    flash, type_k = ATTENTION["no_flash_f16"]
+    rows = []
+    for cuts in (whole, [*whole[:-1], whole[-1] - 1, 1]):
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = 2 * ONE_ROW_CONTEXT
+        params.n_batch = params.n_ubatch = CHUNK
+        params.n_seq_max = 1
+        params.n_threads = params.n_threads_batch = THREADS
+        params.flash_attn_type = getattr(llama_cpp, flash)
+        params.type_k = getattr(llama_cpp, type_k)
+        ctx = llama_cpp.llama_init_from_model(model, params)
+        if not ctx:
+            raise SystemExit("llama.cpp could not create a context without flash attention")
+        start = 0
+        for size in cuts:  # llama_batch_get_one: logits for the last token only
+            chunk = (llama_cpp.llama_token * size)(*tokens[start : start + size])
+            if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(chunk, size)):
+                raise SystemExit("llama_decode failed without flash attention")
+            start += size
+        n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
+        rows.append(logits.copy())
+        llama_cpp.llama_free(ctx)
+    return bool(np.array_equal(rows[0], rows[1]))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m reame_core.backend.probe_child")
     parser.add_argument("model", help="GGUF file to load")
@@ -183,7 +220,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.time_attention:
         llama_cpp.llama_free(ctx)
         say(stage="attention")
-        say(prefill_seconds=_prefill_seconds(llama_cpp, model, list(prompt[:n_prompt])))
+        tokens = list(prompt[:n_prompt])
+        say(prefill_seconds=_prefill_seconds(llama_cpp, model, tokens))
+        say(one_row_exact_without_flash=_one_row_exact_without_flash(llama_cpp, model, tokens))
         llama_cpp.llama_model_free(model)
         return 0
 

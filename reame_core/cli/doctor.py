@@ -113,10 +113,13 @@ def _attention_lines(verdict: BuildVerdict) -> list[str]:
     assert verdict.timing is not None
     seconds = verdict.timing.facts["prefill_seconds"]
     flash, plain = seconds["flash_q8_0_keys"], seconds["no_flash_f16"]
-    choice = "off" if gain >= FLASH_OFF_GAIN else "on"
+    exact = probe.exact_without_flash(verdict.timing)
+    choice = "off" if gain >= FLASH_OFF_GAIN and exact else "on"
+    lone_row = "exact" if exact else "not exact"
     return [
         _row("attention", f"a {PREFILL}-token prompt: {flash:.2f} s with flash attention and "
-                          f"q8_0 keys, {plain:.2f} s without; flash attention {choice} for "
+                          f"q8_0 keys, {plain:.2f} s without (a lone row "
+                          f"{lone_row} without it); flash attention {choice} for "
                           f"{Path(verdict.model).name} (each model is timed on its first run)"),
     ]  # fmt: skip
 

@@ -32,8 +32,11 @@ TIMES_LEVEL = _REPORT + textwrap.dedent("""
     say(stage="load")
     say(stage="attention")
     say(prefill_seconds={"flash_q8_0_keys": 1.0, "no_flash_f16": 1.0})
+    say(one_row_exact_without_flash=True)
 """)
 TIMES_FLASH_SLOW = TIMES_LEVEL.replace('"flash_q8_0_keys": 1.0', '"flash_q8_0_keys": 4.0')
+# ... and a row computed alone without flash attention differs from the row in a chunk.
+TIMES_FLASH_SLOW_INEXACT = TIMES_FLASH_SLOW.replace("=True)", "=False)")
 HANGS_TIMING_ATTENTION = _REPORT + textwrap.dedent("""
     import time
     say(stage="import")

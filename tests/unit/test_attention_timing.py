@@ -12,6 +12,7 @@ from fake_children import (
     DECODES,
     HANGS_TIMING_ATTENTION,
     TIMES_FLASH_SLOW,
+    TIMES_FLASH_SLOW_INEXACT,
     TIMES_LEVEL,
     FakeChildren,
     InstallChildren,
@@ -109,7 +110,10 @@ def children(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> InstallChildren
     return install_children(monkeypatch, tmp_path)
 
 
-@pytest.mark.parametrize(("timing", "flash_attn"), [(TIMES_LEVEL, True), (TIMES_FLASH_SLOW, False)])
+@pytest.mark.parametrize(
+    ("timing", "flash_attn"),
+    [(TIMES_LEVEL, True), (TIMES_FLASH_SLOW, False), (TIMES_FLASH_SLOW_INEXACT, True)],
+)
 def test_the_plan_follows_the_models_own_timing(
     tmp_path: Path,
     children: InstallChildren,

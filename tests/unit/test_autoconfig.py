@@ -316,6 +316,16 @@ def test_flash_attention_stays_on_where_the_check_timed_both_alike_or_not_at_all
         assert (gain is None) is ("as fast without it" not in result.flash_attn.why)
 
 
+def test_flash_attention_stays_on_where_the_path_without_it_is_not_exact() -> None:
+    result = plan_host(
+        Settings(), SERVER_16, QWEN_15B, prompt_gain_without_flash=4.4, exact_without_flash=False
+    )
+
+    assert result.flash_attn.value
+    assert "differs from the same row in a chunk" in result.flash_attn.why
+    assert result.kv_type_k.value == "q8_0"
+
+
 def test_the_attention_timing_overrules_neither_the_settings_nor_fast_mode() -> None:
     for settings in (Settings(kv_type="q8_0"), Settings(deterministic=False)):
         result = plan_host(settings, SERVER_16, QWEN_15B, prompt_gain_without_flash=4.4)

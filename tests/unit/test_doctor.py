@@ -125,6 +125,6 @@ def test_doctor_prints_the_attention_timing_and_the_default_it_gives(
 
     assert (
         "attention a 256-token prompt: 4.00 s with flash attention and q8_0 keys, 1.00 s "
-        "without; flash attention off for embedded.gguf (each model is timed on its first "
-        "run)"
+        "without (a lone row exact without it); flash attention off for embedded.gguf (each "
+        "model is timed on its first run)"
     ) in out.getvalue()
