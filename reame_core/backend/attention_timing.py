@@ -8,7 +8,9 @@ Qwen2.5-Coder-1.5B computed them 1.1x as fast and decoded eight streams at 0.76x
 (docs/BENCHMARKS.md, "What determinism costs"). So every model is timed: the build check
 times the model it loads (its verdict's `timing`), and any other model is timed by the same
 child (`probe_child --time-attention`) the first time it runs on this build and CPU. That
-timing is kept beside the verdict, under the model file's name and size.
+timing is kept beside the verdict, under the model file's name and size. The same child
+checks that without flash attention a lone row gets the logits it gets inside a chunk: on
+that Xeon it did not (from 256 cached cells on), and the plan then keeps flash attention.
 """
 
 from __future__ import annotations
