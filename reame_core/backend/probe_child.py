@@ -99,6 +99,25 @@ def _no_core_dumps() -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, hard))
 
 
+def _context(llama_cpp: Any, model: Any, attention: str, n_ctx: int) -> Any:
+    """A one-sequence context of `n_ctx` cells in the `ATTENTION` configuration named, taking
+    prompts in chunks of `CHUNK` as the engine does."""
+    flash, type_k = ATTENTION[attention]
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = n_ctx
+    params.n_batch = params.n_ubatch = CHUNK
+    params.n_seq_max = 1
+    params.n_threads = params.n_threads_batch = THREADS
+    params.kv_unified = False
+    params.flash_attn_type = getattr(llama_cpp, flash)
+    params.type_k = getattr(llama_cpp, type_k)
+    params.no_perf = True
+    ctx = llama_cpp.llama_init_from_model(model, params)
+    if not ctx:
+        raise SystemExit(f"llama.cpp could not create a context for {attention}")
+    return ctx
+
+
 def _prefill_seconds(llama_cpp: Any, model: Any, prompt: list[int]) -> dict[str, float]:
     """Seconds to compute a prompt of `PREFILL` tokens in chunks of `CHUNK`, as the engine
     does, in each deterministic attention configuration (`ATTENTION`): which one computes
@@ -107,19 +126,8 @@ def _prefill_seconds(llama_cpp: Any, model: Any, prompt: list[int]) -> dict[str,
     tokens = (prompt * (PREFILL // len(prompt) + 1))[:PREFILL]
     seconds: dict[str, float] = {}
     for _ in range(ROUNDS):
-        for name, (flash, type_k) in ATTENTION.items():
-            params = llama_cpp.llama_context_default_params()
-            params.n_ctx = PREFILL
-            params.n_batch = params.n_ubatch = CHUNK
-            params.n_seq_max = 1
-            params.n_threads = params.n_threads_batch = THREADS
-            params.kv_unified = False
-            params.flash_attn_type = getattr(llama_cpp, flash)
-            params.type_k = getattr(llama_cpp, type_k)
-            params.no_perf = True
-            ctx = llama_cpp.llama_init_from_model(model, params)
-            if not ctx:
-                raise SystemExit(f"llama.cpp could not create a context for {name}")
+        for name in ATTENTION:
+            ctx = _context(llama_cpp, model, name, PREFILL)
             started = time.perf_counter()
             for start in range(0, PREFILL, CHUNK):
                 chunk = (llama_cpp.llama_token * CHUNK)(*tokens[start : start + CHUNK])
@@ -139,26 +147,16 @@ def _one_row_exact_without_flash(llama_cpp: Any, model: Any, prompt: list[int]) 
 
     tokens = (prompt * (ONE_ROW_CONTEXT // len(prompt) + 1))[:ONE_ROW_CONTEXT]
     whole = [CHUNK] * (len(tokens) // CHUNK) + [len(tokens) % CHUNK]
-    flash, type_k = ATTENTION["no_flash_f16"]
+    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
     rows = []
     for cuts in (whole, [*whole[:-1], whole[-1] - 1, 1]):
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = 2 * ONE_ROW_CONTEXT
-        params.n_batch = params.n_ubatch = CHUNK
-        params.n_seq_max = 1
-        params.n_threads = params.n_threads_batch = THREADS
-        params.flash_attn_type = getattr(llama_cpp, flash)
-        params.type_k = getattr(llama_cpp, type_k)
-        ctx = llama_cpp.llama_init_from_model(model, params)
-        if not ctx:
-            raise SystemExit("llama.cpp could not create a context without flash attention")
+        ctx = _context(llama_cpp, model, "no_flash_f16", 2 * ONE_ROW_CONTEXT)
         start = 0
         for size in cuts:  # llama_batch_get_one: logits for the last token only
             chunk = (llama_cpp.llama_token * size)(*tokens[start : start + size])
             if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(chunk, size)):
                 raise SystemExit("llama_decode failed without flash attention")
             start += size
-        n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
         logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
         rows.append(logits.copy())
         llama_cpp.llama_free(ctx)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from reame_core.autoconfig.plan import FLASH_OFF_GAIN
+from reame_core.autoconfig.plan import flash_attn_choice
 from reame_core.backend import probe
 from reame_core.backend.probe import BuildVerdict, ProbeAttempt
 from reame_core.backend.probe_child import PREFILL
@@ -39,7 +39,7 @@ def doctor_command(settings: Settings, out: TextIO, *, recheck: bool = False) ->
         settings.cache_path, probe.ProbeSubject.here(), probe.probe_model(settings), recheck=recheck
     )
     lines = [*_build_lines(verdict), *_cpu_lines(), *_verdict_lines(verdict)]
-    lines += _attention_lines(verdict)
+    lines += _attention_lines(verdict, settings)
     lines += _weights_lines(verdict, settings)
     out.write("\n".join(lines) + "\n")
     return 0 if verdict.runs else 1
@@ -103,9 +103,9 @@ def _verdict_lines(verdict: BuildVerdict) -> list[str]:
     return lines
 
 
-def _attention_lines(verdict: BuildVerdict) -> list[str]:
+def _attention_lines(verdict: BuildVerdict, settings: Settings) -> list[str]:
     """The check's timing of the two deterministic attention configurations with its model,
-    and which one the host plan takes for that model when the settings name no KV type
+    and which one the host plan takes for that model with these settings
     (every other model is timed the first time it runs: `attention_timing`)."""
     gain = verdict.prompt_gain_without_flash
     if gain is None:
@@ -114,7 +114,7 @@ def _attention_lines(verdict: BuildVerdict) -> list[str]:
     seconds = verdict.timing.facts["prefill_seconds"]
     flash, plain = seconds["flash_q8_0_keys"], seconds["no_flash_f16"]
     exact = probe.exact_without_flash(verdict.timing)
-    choice = "off" if gain >= FLASH_OFF_GAIN and exact else "on"
+    choice = "on" if flash_attn_choice(settings, gain, exact).value else "off"
     lone_row = "exact" if exact else "not exact"
     return [
         _row("attention", f"a {PREFILL}-token prompt: {flash:.2f} s with flash attention and "
