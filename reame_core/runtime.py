@@ -19,9 +19,8 @@ from reame_core.backend.attention_timing import time_attention
 from reame_core.backend.base import Backend
 from reame_core.backend.probe import (
     BuildVerdict,
+    attention_facts,
     ensure_build_runs,
-    exact_without_flash,
-    prompt_gain_without_flash,
 )
 from reame_core.engine.engine import Engine
 from reame_core.hooktypes import DiskNeed
@@ -80,8 +79,9 @@ def prepare(
     facts = read_host_facts(settings.cache_path, [n.directory for n in disk_needs if n.directory])
     shape = read_model_shape(model.path)
     timing = time_attention(settings.cache_path, build, model.path) if build else None
-    gain, exact = prompt_gain_without_flash(timing), exact_without_flash(timing)
-    return Preparation(model, plan_host(settings, facts, shape, disk_needs, gain, exact))
+    return Preparation(
+        model, plan_host(settings, facts, shape, disk_needs, attention_facts(timing))
+    )
 
 
 def load_backend(

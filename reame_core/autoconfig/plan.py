@@ -112,21 +112,36 @@ class HostPlan:
         }
 
 
+@dataclass(frozen=True)
+class AttentionFacts:
+    """What the build check measured of this model's attention on this host (read from its
+    timing by `probe.attention_facts`).
+
+    `prompt_gain_without_flash`: how many times as fast a prompt ran without flash attention
+    (keys and values f16) as with it (keys q8_0), both deterministic; None: not timed.
+    `exact_without_flash`: whether, without it, a row computed alone got the logits the same
+    row gets inside a chunk (unknown: not)."""
+
+    prompt_gain_without_flash: float | None = None
+    exact_without_flash: bool = False
+
+
+UNTIMED = AttentionFacts()
+
+
 def plan_host(
     settings: Settings,
     facts: HostFacts,
     shape: ModelShape,
     disk_needs: Sequence[DiskNeed] = (),
-    prompt_gain_without_flash: float | None = None,
-    exact_without_flash: bool = True,
+    attention: AttentionFacts = UNTIMED,
 ) -> HostPlan:
     """Every engine value for this model on this host: the settings' where they are set,
     decided from the facts where not. `disk_needs` are the enabled plugins' asks for disk
-    (hook `reame_disk_need`); each gets a budget. `prompt_gain_without_flash` is the build
-    check's timing of the two deterministic attention configurations (None: not timed), and
-    `exact_without_flash` whether the check found the path without flash attention exact."""
+    (hook `reame_disk_need`); each gets a budget. `attention` is what the build check timed
+    of the model's attention (`UNTIMED`: flash attention stays on)."""
     threads = _threads(settings, facts)
-    flash_attn = flash_attn_choice(settings, prompt_gain_without_flash, exact_without_flash)
+    flash_attn = flash_attn_choice(settings, attention)
     warnings: list[str] = []
 
     ctx_target = settings.ctx or min(TARGET_CTX, shape.n_ctx_train)
@@ -198,12 +213,9 @@ def _batch(settings: Settings, facts: HostFacts, shape: ModelShape, ctx: int) ->
     )
 
 
-def flash_attn_choice(
-    settings: Settings, prompt_gain_without: float | None, exact_without: bool = True
-) -> Choice[bool]:
-    """Flash attention on or off, and why: `prompt_gain_without` is the timing of a prompt
-    without it against with it (None: not timed), `exact_without` whether a row computed
-    alone without it got the logits it gets in a chunk (if not, it stays on)."""
+def flash_attn_choice(settings: Settings, attention: AttentionFacts = UNTIMED) -> Choice[bool]:
+    """Flash attention on or off, and why: off only where the build check found prompts at
+    least `FLASH_OFF_GAIN` times as fast without it and a lone row exact there."""
     if not settings.deterministic:
         return Choice(True, "--no-deterministic selects llama.cpp's fastest settings")
     kv_type = settings.kv_type
@@ -213,8 +225,9 @@ def flash_attn_choice(
             "deterministic configuration with f16 keys and values set: flash attention would "
             "then compute rows along paths that depend on the batch and the thread count",
         )
+    prompt_gain_without = attention.prompt_gain_without_flash
     faster = kv_type is None and (prompt_gain_without or 0.0) >= FLASH_OFF_GAIN
-    if faster and not exact_without:
+    if faster and not attention.exact_without_flash:
         return Choice(
             True,
             f"this CPU computed a prompt {prompt_gain_without:.1f}x as fast without it, but "

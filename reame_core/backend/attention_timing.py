@@ -27,7 +27,7 @@ from reame_core.backend.probe import (
     BuildVerdict,
     Launch,
     ProbeAttempt,
-    prompt_gain_without_flash,
+    attention_facts,
     run_attempt,
     verdicts_dir,
     write_atomically,
@@ -87,7 +87,7 @@ def time_attention(
     launch = launch or probe.child_command(model, time_attention=True)
     load = verdict.use_extra_bufts
     attempt = run_attempt(launch(load), extra_bufts=load, timeout=timeout, passive=False)
-    if prompt_gain_without_flash(attempt) is not None:
+    if attention_facts(attempt).prompt_gain_without_flash is not None:
         timing = AttentionTiming(model=str(model), attempt=attempt, timed_at=time.time())
         write_atomically(timing_path(cache_dir, verdict, model), timing.model_dump_json(indent=1))
     else:

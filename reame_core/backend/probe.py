@@ -43,6 +43,7 @@ from typing import Any, Literal
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from reame_core.autoconfig.plan import UNTIMED, AttentionFacts
 from reame_core.backend.probe_child import MARK
 from reame_core.errors import BuildCannotRunError, ModelLoadError
 from reame_core.settings import Settings
@@ -146,9 +147,9 @@ class BuildVerdict(BaseModel):
         return next((attempt.extra_bufts for attempt in self.attempts if attempt.ok), True)
 
     @property
-    def prompt_gain_without_flash(self) -> float | None:
-        """The timing's `prompt_gain_without_flash`, for the model the check loaded."""
-        return prompt_gain_without_flash(self.timing)
+    def attention(self) -> AttentionFacts:
+        """The timing's facts, for the model the check loaded."""
+        return attention_facts(self.timing)
 
     @property
     def fell_back(self) -> bool:
@@ -161,7 +162,7 @@ class BuildVerdict(BaseModel):
         so those are checked again."""
         decided = all(attempt.ok or attempt.signal in _CRASHES for attempt in self.attempts)
         # A timing that did not finish is taken again at the next start, like a hang.
-        return decided and (not self.runs or self.prompt_gain_without_flash is not None)
+        return decided and (not self.runs or self.attention.prompt_gain_without_flash is not None)
 
     def fact(self, name: str) -> Any:
         """A fact a child reported (the last attempt's that has it)."""
@@ -199,21 +200,19 @@ class BuildVerdict(BaseModel):
         return text
 
 
-def prompt_gain_without_flash(timing: ProbeAttempt | None) -> float | None:
-    """How many times faster a timing child computed a prompt without flash attention (keys
-    and values in f16) than with it (keys in q8_0): both are deterministic, and which is
-    faster depends on the CPU and the model. None when the child did not time both."""
-    seconds = timing.facts.get("prefill_seconds") or {} if timing else {}
+def attention_facts(timing: ProbeAttempt | None) -> AttentionFacts:
+    """What a timing child reported: how many times faster it computed a prompt without
+    flash attention than with it (which is faster depends on the CPU and the model; None
+    when it did not time both), and whether without it a prompt's last row computed alone
+    equalled the same row computed in a chunk."""
+    if timing is None:
+        return UNTIMED
+    seconds = timing.facts.get("prefill_seconds") or {}
     flash, plain = seconds.get("flash_q8_0_keys"), seconds.get("no_flash_f16")
-    if not flash or not plain:
-        return None
-    return float(flash) / float(plain)
-
-
-def exact_without_flash(timing: ProbeAttempt | None) -> bool:
-    """Whether, without flash attention, a timing child found a prompt's last row computed
-    alone equal to the same row computed in a chunk (unknown: not)."""
-    return bool(timing and timing.facts.get("one_row_exact_without_flash"))
+    return AttentionFacts(
+        prompt_gain_without_flash=float(flash) / float(plain) if flash and plain else None,
+        exact_without_flash=bool(timing.facts.get("one_row_exact_without_flash")),
+    )
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,7 @@ from reame_core.backend.attention_timing import cached_timing
 from reame_core.backend.probe import (
     BuildVerdict,
     ProbeSubject,
-    exact_without_flash,
-    prompt_gain_without_flash,
+    attention_facts,
     read_verdict,
 )
 from reame_core.models import ModelStore, parse_model_name
@@ -33,8 +32,7 @@ def config_command(settings: Settings, out: TextIO) -> int:
     model, shape, path = _model_shape(settings)
     build = read_verdict(settings.cache_path, ProbeSubject.here())
     timing = cached_timing(settings.cache_path, build, path) if build and path else None
-    gain, exact = prompt_gain_without_flash(timing), exact_without_flash(timing)
-    plan = plan_host(settings, facts, shape, needs, gain, exact)
+    plan = plan_host(settings, facts, shape, needs, attention_facts(timing))
     out.write(render(settings.model, model, facts, plan, build_note(build)))
     return 0
 

@@ -107,15 +107,14 @@ def _attention_lines(verdict: BuildVerdict, settings: Settings) -> list[str]:
     """The check's timing of the two deterministic attention configurations with its model,
     and which one the host plan takes for that model with these settings
     (every other model is timed the first time it runs: `attention_timing`)."""
-    gain = verdict.prompt_gain_without_flash
-    if gain is None:
+    attention = verdict.attention
+    if attention.prompt_gain_without_flash is None:
         return []
     assert verdict.timing is not None
     seconds = verdict.timing.facts["prefill_seconds"]
     flash, plain = seconds["flash_q8_0_keys"], seconds["no_flash_f16"]
-    exact = probe.exact_without_flash(verdict.timing)
-    choice = "on" if flash_attn_choice(settings, gain, exact).value else "off"
-    lone_row = "exact" if exact else "not exact"
+    choice = "on" if flash_attn_choice(settings, attention).value else "off"
+    lone_row = "exact" if attention.exact_without_flash else "not exact"
     return [
         _row("attention", f"a {PREFILL}-token prompt: {flash:.2f} s with flash attention and "
                           f"q8_0 keys, {plain:.2f} s without (a lone row "

@@ -27,8 +27,6 @@ from reame_core.backend.llama import LlamaBackend
 from reame_core.backend.probe import (
     BuildVerdict,
     ensure_build_runs,
-    exact_without_flash,
-    prompt_gain_without_flash,
 )
 from reame_core.engine.engine import Engine
 from reame_core.engine.governor import Mode
@@ -114,9 +112,7 @@ def flash_attn(build_check: BuildVerdict) -> bool:
     """Flash attention as Reame's plan chooses it for SmolLM2 on this CPU: on, with q8_0
     keys, unless the build check (which times SmolLM2) computed prompts much faster without
     it and found that path exact (then off, keys and values f16)."""
-    timing = build_check.timing
-    gain, exact = prompt_gain_without_flash(timing), exact_without_flash(timing)
-    return flash_attn_choice(Settings(), gain, exact).value
+    return flash_attn_choice(Settings(), build_check.attention).value
 
 
 @pytest.fixture(scope="session")

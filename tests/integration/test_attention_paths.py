@@ -19,7 +19,7 @@ import pytest
 
 from reame_core.backend.base import Batch
 from reame_core.backend.llama import LlamaBackend
-from reame_core.backend.probe import BuildVerdict, exact_without_flash
+from reame_core.backend.probe import BuildVerdict
 from reame_core.models.shape import KVType, stable_attention
 
 pytestmark = pytest.mark.model
@@ -85,7 +85,7 @@ def test_the_build_check_knows_whether_a_lone_row_is_exact_without_flash_attenti
         alone = logits_in_chunks(plain, tokens, [299, 1])[-1]
     finally:
         plain.close()
-    assert exact_without_flash(build_check.timing) == bool(np.array_equal(whole, alone))
+    assert build_check.attention.exact_without_flash == bool(np.array_equal(whole, alone))
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["flash-q8_0-keys", "no-flash"])
@@ -140,7 +140,7 @@ def test_a_prompt_cut_anywhere_gives_the_logits_of_one_chunk(
     cut must give the same logits (with f16 flash attention, tails under 64 did not). Without
     flash attention a lone row against 256 cached cells or more takes another path on some
     CPUs; the build check says whether it does here, and Reame then keeps flash attention."""
-    if tail == 1 and not deterministic.flash_attn and not exact_without_flash(build_check.timing):
+    if tail == 1 and not deterministic.flash_attn and not build_check.attention.exact_without_flash:
         pytest.skip("without flash attention a lone row is not exact on this CPU (build check)")
     tokens = tokens_for(deterministic, 300)
     whole = logits_in_chunks(deterministic, tokens, [300])

@@ -22,10 +22,20 @@ from fake_children import (
 from reame_core import runtime
 from reame_core.backend import llama
 from reame_core.backend.attention_timing import cached_timing, time_attention
-from reame_core.backend.probe import BuildVerdict, ProbeSubject, check_build
-from reame_core.backend.probe import prompt_gain_without_flash as gain
+from reame_core.backend.probe import (
+    BuildVerdict,
+    ProbeAttempt,
+    ProbeSubject,
+    attention_facts,
+    check_build,
+)
 from reame_core.models.registry import CARDS
 from reame_core.settings import Settings
+
+
+def gain(timing: ProbeAttempt | None) -> float | None:
+    return attention_facts(timing).prompt_gain_without_flash
+
 
 SUBJECT = ProbeSubject(build="llama-cpp-python 0.3.36\nlibllama.so 1000 1 1", cpu="Xeon\namx")
 
@@ -131,5 +141,5 @@ def test_the_plan_follows_the_models_own_timing(
 
     plan = runtime.prepare(settings, (), build).plan
 
-    assert build.prompt_gain_without_flash == 4.0
+    assert build.attention.prompt_gain_without_flash == 4.0
     assert plan.flash_attn.value is flash_attn

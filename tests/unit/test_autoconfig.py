@@ -14,6 +14,7 @@ from reame_core.autoconfig.plan import (
     GIB,
     MIB,
     RUNTIME_RESERVE,
+    AttentionFacts,
     Choice,
     HostPlan,
     plan_host,
@@ -300,8 +301,11 @@ def test_a_cgroup_memory_limit_bounds_the_memory_facts(
     assert facts.memory_available <= 412 * MIB
 
 
+FASTER_AND_EXACT = AttentionFacts(prompt_gain_without_flash=4.4, exact_without_flash=True)
+
+
 def test_a_cpu_that_computes_prompts_much_faster_without_flash_attention_runs_without() -> None:
-    result = plan_host(Settings(), SERVER_16, QWEN_15B, prompt_gain_without_flash=4.4)
+    result = plan_host(Settings(), SERVER_16, QWEN_15B, attention=FASTER_AND_EXACT)
 
     assert not result.flash_attn.value
     assert "4.4x as fast without it" in result.flash_attn.why
@@ -310,16 +314,14 @@ def test_a_cpu_that_computes_prompts_much_faster_without_flash_attention_runs_wi
 
 def test_flash_attention_stays_on_where_the_check_timed_both_alike_or_not_at_all() -> None:
     for gain in (None, 0.8, 1.02, 1.4):
-        result = plan_host(Settings(), SERVER_16, QWEN_15B, prompt_gain_without_flash=gain)
+        result = plan_host(Settings(), SERVER_16, QWEN_15B, attention=AttentionFacts(gain, True))
         assert result.flash_attn.value, gain
         assert result.kv_type_k.value == "q8_0"
         assert (gain is None) is ("as fast without it" not in result.flash_attn.why)
 
 
 def test_flash_attention_stays_on_where_the_path_without_it_is_not_exact() -> None:
-    result = plan_host(
-        Settings(), SERVER_16, QWEN_15B, prompt_gain_without_flash=4.4, exact_without_flash=False
-    )
+    result = plan_host(Settings(), SERVER_16, QWEN_15B, attention=AttentionFacts(4.4, False))
 
     assert result.flash_attn.value
     assert "differs from the same row in a chunk" in result.flash_attn.why
@@ -328,12 +330,12 @@ def test_flash_attention_stays_on_where_the_path_without_it_is_not_exact() -> No
 
 def test_the_attention_timing_overrules_neither_the_settings_nor_fast_mode() -> None:
     for settings in (Settings(kv_type="q8_0"), Settings(deterministic=False)):
-        result = plan_host(settings, SERVER_16, QWEN_15B, prompt_gain_without_flash=4.4)
+        result = plan_host(settings, SERVER_16, QWEN_15B, attention=FASTER_AND_EXACT)
         assert result.flash_attn.value
 
 
 def test_without_flash_attention_tight_memory_quantizes_the_keys_alone() -> None:
-    result = plan_host(Settings(), host(free_gb=1.9), QWEN_15B, prompt_gain_without_flash=4.4)
+    result = plan_host(Settings(), host(free_gb=1.9), QWEN_15B, attention=FASTER_AND_EXACT)
 
     assert not result.flash_attn.value
     assert (result.kv_type_k.value, result.kv_type_v.value) == ("q8_0", "f16")

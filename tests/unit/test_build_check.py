@@ -94,8 +94,9 @@ def test_once_the_build_decodes_attention_is_timed_the_way_models_will_load(
     verdict = check(children, tmp_path)
 
     assert children.timed == [False]  # the load that decoded
-    assert verdict.prompt_gain_without_flash == 4.0
-    assert check(FakeChildren(DECODES), tmp_path / "level").prompt_gain_without_flash == 1.0
+    assert verdict.attention.prompt_gain_without_flash == 4.0
+    level = check(FakeChildren(DECODES), tmp_path / "level")
+    assert level.attention.prompt_gain_without_flash == 1.0
 
 
 def test_a_build_that_cannot_run_is_not_timed(tmp_path: Path) -> None:
@@ -111,8 +112,8 @@ def test_a_timing_cut_short_is_taken_again_at_the_next_start(tmp_path: Path) -> 
     again = FakeChildren(DECODES, timing=TIMES_FLASH_SLOW)
     second = check(again, tmp_path)
 
-    assert first.runs and first.prompt_gain_without_flash is None and not first.settled
-    assert not second.cached and second.prompt_gain_without_flash == 4.0
+    assert first.runs and first.attention.prompt_gain_without_flash is None and not first.settled
+    assert not second.cached and second.attention.prompt_gain_without_flash == 4.0
 
 
 def test_the_timing_child_runs_with_openmp_as_the_server_does() -> None:
