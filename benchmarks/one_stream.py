@@ -100,14 +100,14 @@ def request(port: int, tokens: int, stream: bool) -> tuple[float, dict[str, Any]
 def raw_child(tokens: int, threads: int, model: str | None) -> None:
     """llama.cpp's decode loop (`common.raw_decode`) on a context built as `reame serve`
     builds it with `http_load.py`'s settings: one sequence; prints its decode rate as JSON."""
-    from reame_core.runtime import load_backend, prepare
+    from reame_core.runtime import planned_backend
     from reame_core.settings import Settings
 
     settings = Settings(
         parallel=8, ctx=1024, threads=threads, speculate="off", log_level="warning",
         **({"model": model} if model else {}),
     )  # fmt: skip
-    backend = load_backend(settings, prepare(settings))
+    backend = planned_backend(settings)
 
     def rate(n: int) -> float:
         text = f"[{secrets.token_hex(4)}] {PROMPT}"

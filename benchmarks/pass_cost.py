@@ -3,8 +3,8 @@ draft source on this host.
 
 Verifying a draft of k tokens is one pass of k + 1 tokens; it pays only if that pass costs
 less than the k + 1 one-token passes it replaces, times the share of the draft accepted. The
-model is loaded as `reame serve` loads it (the deterministic default: flash attention,
-q8_0 keys, one KV stream per sequence), a 300-token prompt is computed, then passes of n
+model is loaded as `reame serve` loads it on this host (the host plan's attention and KV
+types, one KV stream per sequence), a 300-token prompt is computed, then passes of n
 tokens are appended after it and taken back, alternating sizes, with logits for every row
 (as verification asks) and for the last row only. Medians over the repetitions.
 
@@ -29,9 +29,12 @@ def pass_seconds(
     """Median seconds of a pass of n tokens after a 300-token prompt, by (n, "all") with
     logits for every row and (n, "last") for the last row only."""
     from reame_core.backend.base import Batch
-    from reame_core.backend.llama import LlamaBackend
+    from reame_core.runtime import planned_backend
+    from reame_core.settings import Settings
 
-    backend = LlamaBackend(model, n_ctx_seq=2048, n_seq_max=4, n_threads=threads)
+    backend = planned_backend(
+        Settings(model=str(model), threads=threads, parallel=4, ctx=2048, log_level="warning")
+    )
     prompt = backend.tokenize(TEXT, add_special=False, parse_special=False)[:300]
     batch = Batch()
     for i, token in enumerate(prompt):

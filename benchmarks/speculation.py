@@ -135,16 +135,23 @@ def summed(counts: list[dict[str, int]]) -> dict[str, int]:
 
 
 def ceiling(model_path: str | None, threads: int, streams: int = 1) -> dict[str, Any]:
-    """Prompt rate and plain decode rate of this host for the model (raw backend calls);
+    """Prompt rate and plain decode rate of this host for the model (raw backend calls on
+    the model loaded as `reame serve` loads it here);
     with `streams` > 1 also llama.cpp's raw decode loop over that many sequences in one
     batch (`batched_decode_tok_s`: the most plain decoding gives with that many answers
     under way)."""
     from reame_core.backend.base import Batch
-    from reame_core.backend.llama import LlamaBackend
-    from reame_core.models import resolve_model
+    from reame_core.runtime import planned_backend
 
-    model = resolve_model(model_path)
-    backend = LlamaBackend(model.path, n_ctx_seq=2048, n_seq_max=max(1, streams), n_threads=threads)
+    backend = planned_backend(
+        Settings(
+            model=model_path or Settings().model,
+            threads=threads,
+            parallel=max(1, streams),
+            ctx=2048,
+            log_level="warning",
+        )
+    )
     prompt_rates, decode_rates = [], []
     for _ in range(3):
         backend.seq_rm(0, -1, -1)

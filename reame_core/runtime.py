@@ -106,6 +106,15 @@ def load_backend(
     )
 
 
+def planned_backend(settings: Settings) -> Backend:
+    """The configured model loaded as `start_runtime` loads it on this host: the build
+    checked, the model's attention timed, and the host plan's context, slots, KV types and
+    attention. For benchmarks that call llama.cpp without an engine."""
+    build = ensure_build_runs(settings)
+    preparation = prepare(settings, build=build)
+    return load_backend(settings, preparation, use_extra_bufts=build.use_extra_bufts)
+
+
 def start_runtime(
     settings: Settings,
     *,
