@@ -14,8 +14,12 @@
 For each: prompt processing rate (one prefill, 512 tokens unless --prompt-tokens, in calls
 of 512), engine decode rate with one stream and the aggregate with eight, alternating
 configurations, each measurement in its own process. Then, per configuration, how many of
-eight concurrent greedy requests differ from the same requests run one at a time, and
-whether a request reusing another's cached prefix gives the tokens it gives cold.
+eight concurrent greedy requests differ from the same requests run one at a time, whether a
+request reusing another's cached prefix gives the tokens it gives cold, and how many of the
+eight answers differ when each is drafted from its own one-at-a-time answer (`AnswerKey`,
+every proposal verified: free text computed several rows of a sequence to a pass, where a
+verifying path that drifts meets near-ties); the drafted tokens accepted are counted, so a
+check that drafted nothing shows.
 
     .venv/bin/python benchmarks/determinism_cost.py [--reps 3] [--threads 2] [--model M]
         [--configs A,B] [--modes prompt,decode1,decode8,agree] [--prompt-tokens N]
@@ -29,6 +33,9 @@ import statistics
 import sys
 import threading
 import time
+
+from reame_core.hookspecs import hookimpl
+from reame_core.hooktypes import DraftProposal, DraftRequest
 
 # name: (one KV stream per sequence, flash attention, K type, V type, repacked weights)
 CONFIGS = {
@@ -51,6 +58,25 @@ QUESTIONS = [
 ]
 
 
+class AnswerKey:
+    """A draft source that proposes, for a prompt it was given an answer to, the rest of that
+    answer: drafts that are all right as long as the sequence follows it."""
+
+    def __init__(self, answers: dict[tuple[int, ...], tuple[int, ...]]) -> None:
+        self.answers = answers
+
+    @hookimpl
+    def reame_propose_drafts(self, requests: list[DraftRequest]) -> list[DraftProposal]:
+        proposals = []
+        for request in requests:
+            answer = self.answers.get(tuple(request.seq.prompt_tokens), ())
+            done = tuple(request.seq.output_tokens)
+            rest = answer[len(done) : len(done) + request.max_tokens]
+            if answer[: len(done)] == done and rest:
+                proposals.append(DraftProposal(request.seq, "answer_key", rest))
+        return proposals
+
+
 def child(
     mode: str, config: str, threads: int, model_name: str | None, prompt_tokens: int
 ) -> dict[str, float]:
@@ -59,6 +85,7 @@ def child(
     from reame_core.chat import encode_chat
     from reame_core.engine.engine import Engine
     from reame_core.models import resolve_model
+    from reame_core.plugins import PluginHost
     from reame_core.request import GenerationRequest, SamplingParams
 
     model = resolve_model(model_name)
@@ -93,11 +120,15 @@ def child(
 
     engine = Engine(backend, speculate="off").start()  # batching alone, no drafts
     prompts = [encode_chat(backend.info, [{"role": "user", "content": q}]) for q in QUESTIONS]
+    accepted = 0  # drafted tokens accepted, where drafts are verified
 
     def run(
         prompt: list[int], params: SamplingParams, out: dict[int, tuple[int, ...]], i: int
     ) -> None:
-        out[i] = engine.generate(GenerationRequest(prompt, params)).candidates[0].tokens
+        nonlocal accepted
+        result = engine.generate(GenerationRequest(prompt, params))
+        out[i] = result.candidates[0].tokens
+        accepted += sum(result.usage.draft_accepted.values())
 
     def concurrently(params: SamplingParams, n: int) -> dict[int, tuple[int, ...]]:
         out: dict[int, tuple[int, ...]] = {}
@@ -133,9 +164,20 @@ def child(
             run(first, params, cold, 1)
             warm: dict[int, tuple[int, ...]] = {}
             run(second, params, warm, 0)
+            engine.stop()
+            plugins = PluginHost(discover=False)
+            plugins.register(AnswerKey({tuple(prompts[i]): serial[i] for i in range(8)}), "key")
+            engine = Engine(backend, plugins, speculate="on").start()  # every draft verified
+            drafted: dict[int, tuple[int, ...]] = {}
+            for i in range(8):
+                evict()
+                run(prompts[i], params, drafted, i)
             return {
                 "differ": sum(batched[i] != serial[i] for i in range(8)),
                 "reuse_differs": int(warm[0] != cold[0]),
+                "drafts_differ": sum(drafted[i] != serial[i] for i in range(8)),
+                "drafts_requests": 8,
+                "drafts_accepted": accepted,
             }
         streams = 1 if mode == "decode1" else 8
         params = SamplingParams(max_tokens=128, ignore_eos=True)
@@ -206,6 +248,10 @@ def main() -> None:
             "reuse_differs_by_rep": [check["reuse_differs"] for check in runs],
             "reuse_differs": sum(check["reuse_differs"] for check in runs),
             "reps": len(runs),
+            "drafts_differ_by_rep": [check["drafts_differ"] for check in runs],
+            "drafts_differ": sum(check["drafts_differ"] for check in runs),
+            "drafts_requests": sum(check["drafts_requests"] for check in runs),
+            "drafts_accepted": sum(check["drafts_accepted"] for check in runs),
         }
         for config, runs in checks.items()
     }
@@ -241,6 +287,15 @@ def main() -> None:
     print(
         "| prefix reuse changes the tokens | "
         + " | ".join(f"{agreement[c]['reuse_differs']} of {agreement[c]['reps']}" for c in names)
+        + " |"
+    )
+    print(
+        "| verified drafts change the tokens (drafted tokens accepted) | "
+        + " | ".join(
+            f"{agreement[c]['drafts_differ']} of {agreement[c]['drafts_requests']} "
+            f"({agreement[c]['drafts_accepted']})"
+            for c in names
+        )
         + " |"
     )
 
