@@ -166,7 +166,8 @@ def child(
             run(second, params, warm, 0)
             engine.stop()
             plugins = PluginHost(discover=False)
-            plugins.register(AnswerKey({tuple(prompts[i]): serial[i] for i in range(8)}), "key")
+            key = AnswerKey({tuple(prompts[i]): serial[i] for i in range(8)})
+            plugins.register(key, "answer_key")
             engine = Engine(backend, plugins, speculate="on").start()  # every draft verified
             drafted: dict[int, tuple[int, ...]] = {}
             for i in range(8):
