@@ -14,6 +14,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -77,6 +78,23 @@ class Resident:
         if self.process.stdin is not None:
             self.process.stdin.close()
         self.process.wait(timeout=120)
+
+
+@contextmanager
+def empty_cache_dir() -> Iterator[Path]:
+    """A new, empty Reame cache directory for one measurement (no KV entries, archive or
+    remembered answers) that shares only the user's build checks: whether the build runs
+    and how each model's attention times are facts of the build and CPU, taken once, not
+    again by every measuring process (two of which, side by side, would time each other)."""
+    from reame_core.backend.probe import verdicts_dir
+    from reame_core.settings import Settings
+
+    checks = verdicts_dir(Settings().cache_path)
+    checks.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as directory:
+        cache = Path(directory)
+        verdicts_dir(cache).symlink_to(checks, target_is_directory=True)
+        yield cache
 
 
 def free_port() -> int:

@@ -50,7 +50,7 @@ MODES = ("off", "lookup", "pair", "forced")
 def child(
     mode: str, workload: str, target: str, draft: str, threads: int, max_tokens: int, count: int
 ) -> Any:
-    import tempfile
+    from common import empty_cache_dir
 
     from reame_core.chat import encode_chat
     from reame_core.plugins import PluginHost
@@ -59,13 +59,13 @@ def child(
     from reame_core.settings import Settings
 
     greedy = SamplingParams(max_tokens=max_tokens)
-    with tempfile.TemporaryDirectory() as cache:
+    with empty_cache_dir() as cache:
         settings = Settings(
             model=target,
             threads=threads,
             speculate={"off": "off", "forced": "on"}.get(mode, "auto"),  # type: ignore[arg-type]
             draft_model=draft if mode in ("pair", "forced") else None,
-            cache_dir=Path(cache),
+            cache_dir=cache,
         )
         runtime = start_runtime(settings, plugins=PluginHost(discover=False))
         engine, backend = runtime.engine, runtime.backend

@@ -108,6 +108,8 @@ def _runtime(
     config: str, archive: str, model: str | None, threads: int
 ) -> Iterator[tuple[Any, Any]]:
     """A fresh runtime in this process, with the archive plugin (`with`) or without."""
+    from common import empty_cache_dir
+
     from reame_core.plugins import PluginHost
     from reame_core.runtime import start_runtime
     from reame_palimpsest.plugin import Palimpsest
@@ -116,12 +118,12 @@ def _runtime(
     plugin = Palimpsest()
     if config == "with":
         plugins.register(plugin, "palimpsest")
-    with tempfile.TemporaryDirectory() as cache:
+    with empty_cache_dir() as cache:
         settings = Settings(
             model=model or Settings().model,
             threads=threads,
             speculate="auto",
-            cache_dir=Path(cache),
+            cache_dir=cache,
             # Drafting is measured: repeats are not answered whole from remembered answers.
             plugins={"palimpsest": {"dir": archive, "recall": False}},
         )

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -50,19 +49,21 @@ def prompt_seconds(model: Path, threads: int, reps: int) -> dict[int, float]:
 
 def arrival_ttft(model: str, threads: int, prefill_chunk: int) -> dict[str, float]:
     """A fresh runtime; the long prompt, then 0.3 s later the short one."""
+    from common import empty_cache_dir
+
     from reame_core.plugins import PluginHost
     from reame_core.request import GenerationRequest, SamplingParams
     from reame_core.runtime import start_runtime
     from reame_core.settings import Settings
 
-    with tempfile.TemporaryDirectory() as cache:
+    with empty_cache_dir() as cache:
         settings = Settings(
             model=model,
             threads=threads,
             adapt_threads=False,
             prefill_chunk=prefill_chunk,
             speculate="off",
-            cache_dir=Path(cache),
+            cache_dir=cache,
         )
         runtime = start_runtime(settings, plugins=PluginHost(discover=False))
         try:

@@ -32,6 +32,8 @@ from reame_core.settings import Settings
 
 def child(recall: bool, archive: str, model: str | None, threads: int) -> dict[str, Any]:
     """One pass in this (fresh) process."""
+    from common import empty_cache_dir
+
     from reame_core.chat import encode_chat
     from reame_core.plugins import PluginHost
     from reame_core.request import GenerationRequest, SamplingParams
@@ -41,11 +43,11 @@ def child(recall: bool, archive: str, model: str | None, threads: int) -> dict[s
     plugins = PluginHost(discover=False)
     plugin = Palimpsest()
     plugins.register(plugin, "palimpsest")
-    with tempfile.TemporaryDirectory() as cache:
+    with empty_cache_dir() as cache:
         settings = Settings(
             model=model or Settings().model,
             threads=threads,
-            cache_dir=Path(cache),
+            cache_dir=cache,
             plugins={"palimpsest": {"dir": archive, "recall": recall}},
         )
         runtime = start_runtime(settings, plugins=plugins)

@@ -71,7 +71,7 @@ def child(
     draft_max: int,
     draft_model: str | None,
 ) -> dict[str, Any]:
-    import tempfile
+    from common import empty_cache_dir
 
     from reame_core.chat import encode_chat
     from reame_core.models import resolve_model
@@ -84,7 +84,7 @@ def child(
     else:
         texts = ADVERSARIAL
         params = SamplingParams(max_tokens=160, temperature=1.0, seed=7, ignore_eos=True)
-    with tempfile.TemporaryDirectory() as cache:
+    with empty_cache_dir() as cache:
         settings = Settings(
             model=model or Settings().model,
             threads=threads,
@@ -93,7 +93,7 @@ def child(
             draft_model=(draft_model or str(resolve_model(model).path))
             if workload == "draft-model"
             else None,
-            cache_dir=Path(cache),
+            cache_dir=cache,
         )
         runtime = start_runtime(settings, plugins=PluginHost(discover=False))
         engine, backend = runtime.engine, runtime.backend

@@ -52,7 +52,7 @@ MAX_TOKENS = 200
 
 
 def child(mode: str, workload: str, model: str | None, threads: int) -> dict[str, Any]:
-    import tempfile
+    from common import empty_cache_dir
 
     from reame_core.chat import encode_chat
     from reame_core.plugins import PluginHost
@@ -64,12 +64,12 @@ def child(mode: str, workload: str, model: str | None, threads: int) -> dict[str
     host = PluginHost(discover=False)
     if mode == "structure":
         host.register(StructureDrafts(), NAME)
-    with tempfile.TemporaryDirectory() as cache:
+    with empty_cache_dir() as cache:
         settings = Settings(
             model=model or Settings().model,
             threads=threads,
             speculate="off" if mode == "off" else "auto",
-            cache_dir=Path(cache),
+            cache_dir=cache,
         )
         runtime = start_runtime(settings, plugins=host)
         engine, info = runtime.engine, runtime.backend.info
