@@ -21,6 +21,8 @@ from reame_core.backend.base import Batch
 from reame_core.backend.llama import LlamaBackend
 from reame_core.backend.probe import BuildVerdict
 from reame_core.models.shape import KVType, stable_attention
+from reame_core.runtime import planned_backend
+from reame_core.settings import Settings
 
 pytestmark = pytest.mark.model
 
@@ -86,6 +88,20 @@ def test_the_build_check_knows_whether_a_lone_row_is_exact_without_flash_attenti
     finally:
         plain.close()
     assert build_check.attention.exact_without_flash == bool(np.array_equal(whole, alone))
+
+
+def test_a_backend_loaded_without_an_engine_takes_the_plans_attention(
+    smollm2_path: Path, flash_attn: bool
+) -> None:
+    """What benchmarks calling llama.cpp directly load: the configuration a server runs."""
+    backend = planned_backend(Settings(model=str(smollm2_path), parallel=2, ctx=512))
+    try:
+        info = backend.info
+        assert (info.n_seq_max, info.n_ctx_seq) == (2, 512)
+        assert info.extra["flash_attn"] is flash_attn
+        assert info.kv_type == ("q8_0/f16" if flash_attn else "f16")
+    finally:
+        backend.close()
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["flash-q8_0-keys", "no-flash"])
