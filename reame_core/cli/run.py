@@ -7,6 +7,7 @@ prefills only the new message.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -62,6 +63,9 @@ def run_command(settings: Settings, args: argparse.Namespace, prompt: str) -> in
             conversation.messages.append({"role": "user", "content": text})
             reply(runtime, conversation, sys.stdout)
             return 0
+        # Python installs Ctrl-C's KeyboardInterrupt only where SIGINT was not ignored at
+        # start, and a command a script runs in the background inherits it ignored.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         return repl(runtime, conversation, input, sys.stdout)
     finally:
         runtime.close()
