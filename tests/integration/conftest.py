@@ -24,10 +24,7 @@ import pytest
 from reame_core.autoconfig.plan import flash_attn_choice
 from reame_core.backend.base import Backend
 from reame_core.backend.llama import LlamaBackend
-from reame_core.backend.probe import (
-    BuildVerdict,
-    ensure_build_runs,
-)
+from reame_core.backend.probe import BuildVerdict, ensure_build_runs
 from reame_core.engine.engine import Engine
 from reame_core.engine.governor import Mode
 from reame_core.errors import BuildCannotRunError
