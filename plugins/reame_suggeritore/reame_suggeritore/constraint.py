@@ -129,6 +129,22 @@ class Constraint:
             matcher.rollback(alone)
         return tokens, alone
 
+    def allowed(self, tokens: Sequence[int]) -> tuple[int, bytes]:
+        """How many leading `tokens` the grammar allows after the committed ones and, if it
+        allows them all, the text it then forces (a guess that ends a value goes on with
+        the punctuation and key that follow it)."""
+        self._settle()
+        if self.failed or not tokens:
+            return 0, b""
+        matcher = self.matcher
+        taken = matcher.try_consume_tokens(list(tokens))
+        forced = b""
+        if taken == len(tokens) and not matcher.is_stopped():
+            forced = matcher.compute_ff_bytes()
+        if taken:
+            matcher.rollback(taken)
+        return taken, forced
+
     # ------------------------------------------------------------------ failing
 
     def _fail(self, reason: str) -> None:

@@ -129,6 +129,10 @@ class Suggeritore:
     def reame_generation_finished(self, seq: SequenceView, finish_reason: str, text: str) -> None:
         self._constraints.pop(seq.key, None)
 
+    def constraint_of(self, key: int) -> Constraint | None:
+        """The grammar a decoding sequence (by `seq.key`) answers under, if any."""
+        return self._constraints.get(key)
+
     # ----------------------------------------------------------- the sequences
 
     @hookimpl

@@ -1,0 +1,297 @@
+"""Quotes: the prompt's words an answer repeats, drafted across token boundaries.
+
+An extraction copies names, dates, sums and titles out of its document, but seldom with the
+document's tokens. SmolLM2 writes `"Officina` after a key as ` "` `Offic` `ina`, where the
+document's ` Officina` is ` Offic` `ina`: the space belongs to the word's first token there
+and not here. Prompt lookup matches tokens, so it finds such a value only from its third
+token on, and a short value not at all. This source matches text: the longest end of the
+answer's text that starts at a word and that the prompt holds, starting at a word there too
+(at least `MIN_BYTES` inside a JSON value, `MIN_FREE_BYTES` elsewhere), and proposes the
+prompt's text after it:
+
+    answer so far  {"organization": "Offic
+    prompt         From: Officina Verdi Srl, Via Roma 12, Bologna
+    proposes       ina  Ver  di  S  rl  ",  "  contact  _  name  ":  "
+
+- Inside a JSON string the quote stops where the prompt's phrase does (punctuation, a line's
+  end, a full stop before a space) and closes the string; inside a JSON number, after its
+  last digit; inside an object's key, nothing is proposed (the schema's words, which an
+  instruction may quote, are not the answer's).
+- For a structured answer (Il Suggeritore's grammar, `constraint_of`) the draft is cut where
+  the grammar refuses it (a `maxLength`), and a closed value goes on with the text the
+  grammar forces after it (`", "contact_name": "`), so one verification covers a value's
+  end and the next key.
+- The draft is tokenized together with the answer's last tokens that the match covers, so
+  that it is split as the model would write it on from there, `",` included; where that
+  tokenization does not begin with those very tokens (the answer split its word otherwise),
+  the prompt's text after the match is tokenized on its own.
+
+These are drafts: the model verifies them, a wrong guess (a value that ends where the
+document goes on) costs one verification and never changes the output, and the speculation
+governor stops verifying this source (registered as a source of its own) where its guesses
+do not pay. A deterministic source (q is one-hot).
+
+Each sequence keeps its prompt's text and its output's text, extended as tokens are
+committed; a proposal searches the prompt's text a few times and tokenizes some fifty
+bytes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict
+
+from reame_core.hookspecs import hookimpl
+from reame_core.hooktypes import DraftProposal, DraftRequest, ModelInfo, SequenceView, Vocabulary
+from reame_core.settings import Settings
+from reame_suggeritore.constraint import Constraint
+from reame_suggeritore.plugin import plugin as suggeritore
+
+NAME = "suggeritore_quote"
+
+MIN_BYTES = 3  # the shortest text matched in a JSON value: a word's beginning, like "Off"
+# Outside JSON values, where prompt lookup's token matches copy most of what is copied, a
+# few letters match too many places: a quote there is a phrase.
+MIN_FREE_BYTES = 12
+MAX_MATCH_BYTES = 64  # the longest end of the answer looked for in the prompt
+CONTINUATION_BYTES = 64  # the prompt text tokenized after a match
+OCCURRENCES_TRIED = 8  # occurrences of one text looked at for one that starts at a word
+# Where a quoted phrase likely ends, for a JSON string's value: punctuation between phrases,
+# or a full stop before a space or a line's end (not the one in "67.50").
+VALUE_ENDS = re.compile(rb'["\n\t,;:()\[\]{}<>]|\.(?=\s|$)')
+NUMBER_ENDS = re.compile(rb"[^0-9.eE+-]")
+
+
+class QuoteSettings(BaseModel):
+    """``[plugins.suggeritore_quote]`` (no options yet; unknown keys are refused)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def _at_word(text: bytes, start: int) -> bool:
+    """Whether `text[start:]` starts a word: at the start of `text`, after a byte that is not
+    a letter or digit, or with such a byte itself."""
+    return start == 0 or not _alnum(text[start - 1]) or not _alnum(text[start])
+
+
+def _alnum(byte: int) -> bool:
+    return byte >= 0x80 or chr(byte).isalnum()
+
+
+def longest_end_in(text: bytes, source: bytes, limit: int) -> int:
+    """The length of the longest end of `text`, at most `limit` bytes, that `source` holds.
+    (If an end of `text` occurs in `source`, so does every shorter end: a binary search.)"""
+    low, high = 0, min(limit, len(text))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if text[len(text) - middle :] in source:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def quoted_at(text: bytes, source: bytes, shortest: int = MIN_BYTES) -> tuple[int, int] | None:
+    """Where `source` quotes the end of `text`: the length of the longest end of `text`
+    (at least `shortest` bytes) that starts at a word, and the latest place in `source`
+    where it occurs starting at a word too, as (length, end of that occurrence); None if
+    there is none."""
+    longest = longest_end_in(text, source, MAX_MATCH_BYTES)
+    for length in range(longest, shortest - 1, -1):
+        start = len(text) - length
+        if not _at_word(text, start):
+            continue
+        quote = text[start:]
+        at = source.rfind(quote)
+        for _ in range(OCCURRENCES_TRIED):
+            if at < 0:
+                break
+            if _at_word(source, at):
+                return length, at + length
+            at = source.rfind(quote, 0, at + length - 1)
+    return None
+
+
+class JsonKeys:
+    """Whether a text, read byte by byte as JSON, is inside an object's key: a key's text is
+    the schema's, which an instruction may quote ("organization (the company or shop)") but
+    the answer goes on with `": "`, so a quote there is a wrong guess. Nothing here checks
+    that the text is JSON: in prose a quote opens a "string" that is never a key."""
+
+    def __init__(self) -> None:
+        self.state = 0  # 0 outside strings, 1 inside, 2 after a backslash inside
+        self.brackets = bytearray()  # the open "{" and "[", innermost last
+        self.last = 0  # the last of "{[,:" outside strings
+        self.in_key = False
+
+    def read(self, text: bytes) -> None:
+        for byte in text:
+            if self.state == 2:
+                self.state = 1
+            elif self.state == 1:
+                if byte == 0x5C:  # backslash
+                    self.state = 2
+                elif byte in (0x22, 0x0A):  # a quote ends a string; so does a raw newline
+                    self.state, self.in_key = 0, False
+            elif byte == 0x22:
+                on_object = bool(self.brackets) and self.brackets[-1] == 0x7B
+                self.state, self.in_key = 1, on_object and self.last in (0x7B, 0x2C)
+            elif byte in b"{[":
+                self.brackets.append(byte)
+                self.last = byte
+            elif byte in b"}]":
+                if self.brackets:
+                    self.brackets.pop()
+            elif byte in b",:":
+                self.last = byte
+
+
+@dataclass(frozen=True)
+class Quote:
+    """A draft quoted from the prompt; `closes`: it ends with the quote that closes the JSON
+    string it continues (the prompt's text ended the value there)."""
+
+    tokens: tuple[int, ...]
+    closes: bool = False
+
+
+class Quotation:
+    """One sequence: its prompt's text, and its output's tokens and text so far."""
+
+    def __init__(self, vocab: Vocabulary, prompt: Sequence[int]) -> None:
+        self.vocab = vocab
+        self.prompt = b"".join(vocab.token_bytes(t) for t in prompt)
+        self.tokens: list[int] = []
+        self.text = bytearray()
+        self.starts: list[int] = []  # where each output token's text starts in `text`
+        self.json = JsonKeys()
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            piece = self.vocab.token_bytes(token)
+            self.starts.append(len(self.text))
+            self.tokens.append(token)
+            self.text += piece
+            self.json.read(piece)
+
+    def propose(self, max_tokens: int, then: bytes = b"") -> Quote | None:
+        """The prompt's text after the longest quotable end of the output, tokenized as the
+        output goes on from there; within a JSON string, up to where the prompt's text likely
+        ends the value, and the closing quote followed by `then` (what a grammar forces
+        after it: tokenized with the quote, as the model writes `",`); within a JSON number,
+        up to its end."""
+        json = self.json
+        if max_tokens <= 0 or not self.tokens or json.in_key:
+            return None
+        in_string = json.state != 0
+        in_number = not in_string and json.last == 0x3A and bool(json.brackets)
+        shortest = MIN_BYTES if in_string or in_number else MIN_FREE_BYTES
+        found = quoted_at(bytes(self.text), self.prompt, shortest)
+        if found is None:
+            return None
+        length, end = found
+        following = self.prompt[end : end + CONTINUATION_BYTES]
+        clipped = len(self.prompt) - end > CONTINUATION_BYTES
+        cut = False
+        if in_string:  # a string's value: it ends where the prompt's phrase does
+            ended = VALUE_ENDS.search(following)
+            if ended is not None:
+                value = following[: ended.start()].rstrip()
+                following, cut = value + b'"' + then, True
+        elif in_number:
+            ended = NUMBER_ENDS.search(following)
+            if ended is not None:
+                following, cut = following[: ended.start()], True
+        # The output's last tokens that hold the match: tokenized again with what follows,
+        # they must come out as written, or the draft would not be split as the model
+        # splits it.
+        quote_start = len(self.text) - length
+        covered = 1
+        while covered < len(self.tokens) and self.starts[-covered] > quote_start:
+            covered += 1
+        try:
+            head = bytes(self.text[self.starts[-covered] :]).decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        tail = following.decode("utf-8", errors="ignore")  # a character cut at the end
+        if not tail:
+            return None
+        tokens = self.vocab.tokenize(head + tail, add_special=False, parse_special=False)
+        if tokens[:covered] == self.tokens[-covered:]:
+            draft = tokens[covered:]
+        else:  # the output split its word otherwise: the rest as it splits on its own
+            draft = self.vocab.tokenize(tail, add_special=False, parse_special=False)
+        if clipped and not cut:  # the byte limit may have cut the last token's word short
+            draft = draft[:-1]
+        if not draft:
+            return None
+        return Quote(tuple(draft[:max_tokens]), closes=cut and in_string)
+
+
+class QuoteDrafts:
+    """The draft source: one `Quotation` per decoding sequence, caught up on what it
+    committed since the last call, dropped when the sequence ends. `constraint_of` gives a
+    structured answer's grammar (Il Suggeritore's): a draft there is cut where the grammar
+    refuses it and, where it ends a value, goes on with the tokens the grammar then forces,
+    so that one verification covers the value's end and the next key."""
+
+    def __init__(self, constraint_of: Callable[[int], Constraint | None] | None = None) -> None:
+        self._constraint_of = constraint_of
+        self._vocab: Vocabulary | None = None
+        self._quotations: dict[int, Quotation] = {}
+
+    @hookimpl
+    def reame_configure(self, settings: Settings, model: ModelInfo) -> None:
+        settings.plugin_section(NAME, QuoteSettings)
+        self._vocab = model.vocab
+        self._quotations.clear()
+
+    @hookimpl
+    def reame_describe(self) -> str:
+        return "drafts the prompt's words an answer quotes, matched as text across token splits"
+
+    @hookimpl
+    def reame_propose_drafts(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]:
+        if self._vocab is None:
+            return []
+        proposals = []
+        for request in requests:
+            seq, limit = request.seq, request.max_tokens
+            quotation = self._quotation(seq, self._vocab)
+            quote = quotation.propose(limit)
+            if quote is None:
+                continue
+            tokens = quote.tokens
+            constraint = self._constraint_of(seq.key) if self._constraint_of else None
+            if constraint is not None:
+                taken, forced = constraint.allowed(tokens)
+                tokens = tokens[:taken]
+                if quote.closes and taken == len(quote.tokens) and forced:
+                    # Tokenized again with what the grammar forces after the value, as the
+                    # model writes it; what the grammar allows of that is the draft.
+                    longer = quotation.propose(limit, then=forced)
+                    if longer is not None:
+                        taken, _ = constraint.allowed(longer.tokens)
+                        tokens = max(tokens, longer.tokens[:taken], key=len)
+            if tokens:
+                proposals.append(DraftProposal(seq, NAME, tokens))
+        return proposals
+
+    @hookimpl
+    def reame_generation_finished(self, seq: SequenceView, finish_reason: str, text: str) -> None:
+        self._quotations.pop(seq.key, None)
+
+    def _quotation(self, seq: SequenceView, vocab: Vocabulary) -> Quotation:
+        quotation = self._quotations.get(seq.key)
+        if quotation is None:
+            quotation = self._quotations[seq.key] = Quotation(vocab, seq.prompt_tokens)
+        output = seq.output_tokens
+        if len(quotation.tokens) < len(output):
+            quotation.extend(output[len(quotation.tokens) :])
+        return quotation
+
+
+plugin = QuoteDrafts(suggeritore.constraint_of)
