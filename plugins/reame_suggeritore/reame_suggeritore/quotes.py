@@ -115,11 +115,12 @@ def quoted_at(text: bytes, source: bytes, shortest: int = MIN_BYTES) -> tuple[in
     return None
 
 
-class JsonKeys:
-    """Whether a text, read byte by byte as JSON, is inside an object's key: a key's text is
-    the schema's, which an instruction may quote ("organization (the company or shop)") but
-    the answer goes on with `": "`, so a quote there is a wrong guess. Nothing here checks
-    that the text is JSON: in prose a quote opens a "string" that is never a key."""
+class JsonPlace:
+    """Where a text, read byte by byte as JSON, stands: inside a string or not, inside an
+    object's key (the schema's words, which an instruction may quote, "organization (the
+    company or shop)", where the answer goes on with `": "`: a quote there is a wrong guess),
+    after a colon (a value). Nothing here checks that the text is JSON: in prose a quotation
+    reads as a string's value, and is one for this source."""
 
     def __init__(self) -> None:
         self.state = 0  # 0 outside strings, 1 inside, 2 after a backslash inside
@@ -167,7 +168,7 @@ class Quotation:
         self.tokens: list[int] = []
         self.text = bytearray()
         self.starts: list[int] = []  # where each output token's text starts in `text`
-        self.json = JsonKeys()
+        self.json = JsonPlace()
 
     def extend(self, tokens: Sequence[int]) -> None:
         for token in tokens:
@@ -189,7 +190,9 @@ class Quotation:
         in_string = json.state != 0
         in_number = not in_string and json.last == 0x3A and bool(json.brackets)
         shortest = MIN_BYTES if in_string or in_number else MIN_FREE_BYTES
-        found = quoted_at(bytes(self.text), self.prompt, shortest)
+        # The output's end, one byte more than a match may take (whether it starts a word).
+        window = bytes(self.text[-(MAX_MATCH_BYTES + 1) :])
+        found = quoted_at(window, self.prompt, shortest)
         if found is None:
             return None
         length, end = found
