@@ -14,10 +14,10 @@ import hashlib
 import os
 import threading
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import llama_cpp
 import numpy as np
@@ -67,6 +67,8 @@ _UNKNOWN_TRAINED_CTX = 4096
 # ggml's repacked quantized kernels multiply four rows of a micro-batch at a time and the rest
 # one by one (repack.cpp); 16 covers that and kernels with groups of eight or sixteen.
 CHUNK_GRID = 16
+T = TypeVar("T")
+
 # Up to this many tokens, setting the llama_batch's items one by one is cheaper than
 # building arrays and copying them (decode steps, short drafts).
 _FEW = 32
@@ -221,6 +223,34 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _on_a_thread_of_its_own(call: Callable[..., T], *args: Any) -> T:
+    """`call(*args)` on a thread that ends with it, its exception raised here.
+
+    Loading a model runs OpenMP parallel loops (ggml's AMX path repacks the weights in
+    them), and the thread that runs one keeps a team of OpenMP workers for as long as it
+    lives. With more threads under OpenMP than the process has cores, libgomp spins only
+    ~100 times at a barrier before it sleeps, so every decode on another thread (the
+    engine's) then waits on futexes at each of its barriers: SmolLM2 decoded at 29 tok/s
+    instead of 172 on the 2-vCPU Intel Xeon with AMX when the model was loaded on the
+    thread that went on to wait for the engine. A thread that ends takes its team with it.
+    """
+    results: list[T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            results.append(call(*args))
+        except BaseException as error:  # raised again on the caller's thread
+            errors.append(error)
+
+    thread = threading.Thread(target=run, name="reame-llama-load")
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return results[0]
+
+
 class LlamaBackend:
     def __init__(
         self,
@@ -244,7 +274,9 @@ class LlamaBackend:
         # False keeps weights out of CPU_REPACK and AMX buffers: the build check's fallback
         # where the default load crashes (reame_core/backend/probe.py).
         model_params.use_extra_bufts = use_extra_bufts
-        self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), model_params)
+        self._model = _on_a_thread_of_its_own(
+            llama_cpp.llama_model_load_from_file, str(self.path).encode(), model_params
+        )
         if not self._model:
             raise ModelLoadError(f"llama.cpp could not load {self.path} (not a GGUF model?)")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
@@ -272,7 +304,9 @@ class LlamaBackend:
             raise ModelLoadError(f"A {type_v} V cache needs flash attention, which is off.")
         ctx_params.type_k = _GGML_TYPES[type_k]
         ctx_params.type_v = _GGML_TYPES[type_v]
-        self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
+        self._ctx = _on_a_thread_of_its_own(
+            llama_cpp.llama_init_from_model, self._model, ctx_params
+        )
         if not self._ctx:
             llama_cpp.llama_model_free(self._model)
             raise ModelLoadError(f"llama.cpp could not create a context for {self.path}")
