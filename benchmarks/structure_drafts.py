@@ -8,12 +8,15 @@ Modes, each a fresh Reame runtime in its own process (an empty cache directory),
 after another, `--reps` times:
   off         no speculation;
   builtins    the governor (auto) with the built-in sources only (prompt lookup);
-  structure   the same plus the `suggeritore_structure` source.
+  structure   the same plus the `suggeritore_structure` source;
+  quotes      the same plus the `suggeritore_quote` source: all Il Suggeritore drafts
+              without a grammar.
 The figure is generated tokens per second of decoding (prompt time excluded); ratios are
 medians of per-rep ratios, against `off` and against `builtins` (the source's own share).
-Outputs are compared with off's of the same rep, token for token. The structure child also
-replays its outputs through a fresh source one token at a time and times each propose call
-(catching up on the new token, then proposing): what the engine thread waits for it. The
+Outputs are compared with off's of the same rep, token for token. The structure and quotes
+children also replay their outputs through a fresh source of their own (structure, quote)
+one token at a time and time each propose call (catching up on the new token, then
+proposing): what the engine thread waits for it. The
 host's ceiling (prompt rate / decode rate, from benchmarks/speculation.py) is printed too.
 
     .venv/bin/python benchmarks/structure_drafts.py [--reps 5] [--model PATH]
@@ -47,7 +50,7 @@ PROSE = (
     "Tell me about the history of the bicycle.",
 )
 WORKLOADS = {"lists": LISTS, "prose": PROSE}
-MODES = ("off", "builtins", "structure")
+MODES = ("off", "builtins", "structure", "quotes")
 MAX_TOKENS = 200
 
 
@@ -58,12 +61,14 @@ def child(mode: str, workload: str, model: str | None, threads: int) -> dict[str
     from reame_core.plugins import PluginHost
     from reame_core.request import GenerationRequest, SamplingParams
     from reame_core.runtime import start_runtime
-    from reame_suggeritore.structure import NAME, StructureDrafts
+    from reame_suggeritore import quotes, structure
 
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=workload == "prose")
     host = PluginHost(discover=False)
-    if mode == "structure":
-        host.register(StructureDrafts(), NAME)
+    if mode in ("structure", "quotes"):
+        host.register(structure.StructureDrafts(), structure.NAME)
+    if mode == "quotes":
+        host.register(quotes.QuoteDrafts(), quotes.NAME)
     with empty_cache_dir() as cache:
         settings = Settings(
             model=model or Settings().model,
@@ -79,7 +84,8 @@ def child(mode: str, workload: str, model: str | None, threads: int) -> dict[str
         results = [engine.generate(GenerationRequest(prompt, params)) for prompt in prompts]
         governor = engine.governor.report()
         outputs = [list(result.candidates[0].tokens) for result in results]
-        propose = propose_cost(info, prompts, outputs) if mode == "structure" else None
+        timed = {"structure": structure.StructureDrafts, "quotes": quotes.QuoteDrafts}.get(mode)
+        propose = propose_cost(timed(), info, prompts, outputs) if timed else None
         runtime.close()
     tokens = sum(result.usage.completion_tokens for result in results)
     decode_ms = sum(result.usage.predicted_ms for result in results)
@@ -97,15 +103,16 @@ def child(mode: str, workload: str, model: str | None, threads: int) -> dict[str
     }
 
 
-def propose_cost(info: Any, prompts: list[list[int]], outputs: list[list[int]]) -> dict[str, Any]:
-    """Microseconds of each propose call of the structure source, replaying the outputs one
-    token at a time as the engine would commit them (the first call, which reads the prompt,
-    reported apart)."""
+def propose_cost(
+    source: Any, info: Any, prompts: list[list[int]], outputs: list[list[int]]
+) -> dict[str, Any]:
+    """Microseconds of each propose call of `source` (a fresh draft source), replaying the
+    outputs one token at a time as the engine would commit them (the first call, which reads
+    the prompt, reported apart)."""
     from dataclasses import dataclass, field
 
     from reame_core.hooktypes import DraftRequest
     from reame_core.settings import Settings
-    from reame_suggeritore.structure import StructureDrafts
 
     @dataclass
     class View:
@@ -113,7 +120,6 @@ def propose_cost(info: Any, prompts: list[list[int]], outputs: list[list[int]]) 
         key: int
         output_tokens: list[int] = field(default_factory=list)
 
-    source = StructureDrafts()
     source.reame_configure(Settings(), info)
     first, calls = [], []
     for key, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
@@ -201,7 +207,8 @@ def main() -> None:
                 "outputs_identical_to_off": f"{sum(same)} of {len(same)}",
                 "governor_last_rep": runs[-1]["governor"],
             }
-        row["structure"]["propose_us"] = samples["structure"][-1]["propose_us"]
+        for mode in ("structure", "quotes"):
+            row[mode]["propose_us"] = samples[mode][-1]["propose_us"]
         report["workloads"][workload] = row
         print(json.dumps({workload: row}), flush=True)
 
