@@ -223,8 +223,9 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _on_a_thread_of_its_own(call: Callable[..., T], *args: Any) -> T:
-    """`call(*args)` on a thread that ends with it, its exception raised here.
+def _on_a_thread_of_its_own(call: Callable[..., T], *args: Any, free: Callable[[T], Any]) -> T:
+    """`call(*args)` on a thread that ends with it, its exception raised here; interrupted
+    while waiting, the call is let finish and what it made is given to `free`.
 
     Loading a model runs OpenMP parallel loops (ggml's AMX path repacks the weights in
     them), and the thread that runs one keeps a team of OpenMP workers for as long as it
@@ -245,7 +246,13 @@ def _on_a_thread_of_its_own(call: Callable[..., T], *args: Any) -> T:
 
     thread = threading.Thread(target=run, name="reame-llama-load")
     thread.start()
-    thread.join()
+    try:
+        thread.join()
+    except BaseException:  # Ctrl-C while waiting: a C call cannot be stopped midway
+        thread.join()
+        if results and results[0]:
+            free(results[0])
+        raise
     if errors:
         raise errors[0]
     return results[0]
@@ -275,7 +282,10 @@ class LlamaBackend:
         # where the default load crashes (reame_core/backend/probe.py).
         model_params.use_extra_bufts = use_extra_bufts
         self._model = _on_a_thread_of_its_own(
-            llama_cpp.llama_model_load_from_file, str(self.path).encode(), model_params
+            llama_cpp.llama_model_load_from_file,
+            str(self.path).encode(),
+            model_params,
+            free=llama_cpp.llama_model_free,
         )
         if not self._model:
             raise ModelLoadError(f"llama.cpp could not load {self.path} (not a GGUF model?)")
@@ -304,9 +314,13 @@ class LlamaBackend:
             raise ModelLoadError(f"A {type_v} V cache needs flash attention, which is off.")
         ctx_params.type_k = _GGML_TYPES[type_k]
         ctx_params.type_v = _GGML_TYPES[type_v]
-        self._ctx = _on_a_thread_of_its_own(
-            llama_cpp.llama_init_from_model, self._model, ctx_params
-        )
+        try:
+            self._ctx = _on_a_thread_of_its_own(
+                llama_cpp.llama_init_from_model, self._model, ctx_params, free=llama_cpp.llama_free
+            )
+        except BaseException:
+            llama_cpp.llama_model_free(self._model)
+            raise
         if not self._ctx:
             llama_cpp.llama_model_free(self._model)
             raise ModelLoadError(f"llama.cpp could not create a context for {self.path}")

@@ -68,6 +68,10 @@ class Constraint:
         if not self._follow(pending):
             return  # verification stops at an earlier row: this one is never read
         matcher = self.matcher
+        if matcher.is_error():  # a limit hit while following committed tokens
+            self._fail(matcher.get_error())
+            bitmask.keep_only(logits, self.eog)
+            return
         if matcher.is_stopped():  # complete: it may only end
             bitmask.keep_only(logits, self.eog)
             return
@@ -129,21 +133,22 @@ class Constraint:
             matcher.rollback(alone)
         return tokens, alone
 
-    def allowed(self, tokens: Sequence[int]) -> tuple[int, bytes]:
-        """How many leading `tokens` the grammar allows after the committed ones and, if it
-        allows them all, the text it then forces (a guess that ends a value goes on with
-        the punctuation and key that follow it)."""
+    def allowed(self, tokens: Sequence[int], closes: bool = False) -> tuple[int, bytes]:
+        """How many leading `tokens` the grammar allows after the committed ones and, for a
+        draft that `closes` a value and is allowed whole, the text the grammar then forces
+        (the punctuation and key that follow the value). Another source's guess never
+        touches the sequence's own matcher: a guess could take it over a limit the answer
+        would not reach, so tokens are only validated, and followed on a copy."""
         self._settle()
         if self.failed or not tokens:
             return 0, b""
-        matcher = self.matcher
-        taken = matcher.try_consume_tokens(list(tokens))
-        forced = b""
-        if taken == len(tokens) and not matcher.is_stopped():
-            forced = matcher.compute_ff_bytes()
-        if taken:
-            matcher.rollback(taken)
-        return taken, forced
+        taken = self.matcher.validate_tokens(list(tokens))
+        if not closes or taken < len(tokens):
+            return taken, b""
+        guess = self.matcher.deep_copy()
+        if not guess.consume_tokens(list(tokens)) or guess.is_stopped():
+            return taken, b""
+        return taken, guess.compute_ff_bytes()
 
     # ------------------------------------------------------------------ failing
 

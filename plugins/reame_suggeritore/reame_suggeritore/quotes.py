@@ -13,14 +13,17 @@ prompt's text after it:
     prompt         From: Officina Verdi Srl, Via Roma 12, Bologna
     proposes       ina  Ver  di  S  rl  ",  "  contact  _  name  ":  "
 
-- Inside a JSON string the quote stops where the prompt's phrase does (punctuation, a line's
-  end, a full stop before a space) and closes the string; inside a JSON number, after its
-  last digit; inside an object's key, nothing is proposed (the schema's words, which an
-  instruction may quote, are not the answer's).
+- Inside a JSON string the match lies within the value's own text (not the `": "` before
+  it, which an example in the prompt may hold), and the quote stops where the prompt's
+  phrase does (punctuation, a line's end, a full stop before a space) and closes the
+  string; inside a JSON number, likewise within its digits, up to its last digit; inside an
+  object's key nothing is proposed (the schema's words, which an instruction may quote, are
+  not the answer's).
 - For a structured answer (Il Suggeritore's grammar, `constraint_of`) the draft is cut where
   the grammar refuses it (a `maxLength`), and a closed value goes on with the text the
   grammar forces after it (`", "contact_name": "`), so one verification covers a value's
-  end and the next key.
+  end and the next key. The grammar is only asked (`Constraint.allowed`): a guess never
+  moves the sequence's own matcher.
 - The draft is tokenized together with the answer's last tokens that the match covers, so
   that it is split as the model would write it on from there, `",` included; where that
   tokenization does not begin with those very tokens (the answer split its word otherwise),
@@ -32,8 +35,8 @@ governor stops verifying this source (registered as a source of its own) where i
 do not pay. A deterministic source (q is one-hot).
 
 Each sequence keeps its prompt's text and its output's text, extended as tokens are
-committed; a proposal searches the prompt's text a few times and tokenizes some fifty
-bytes.
+committed; a proposal searches the prompt's text a few times (each search linear in the
+prompt's length) and tokenizes some fifty bytes, twice where a value ends under a grammar.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ OCCURRENCES_TRIED = 8  # occurrences of one text looked at for one that starts a
 # Where a quoted phrase likely ends, for a JSON string's value: punctuation between phrases,
 # or a full stop before a space or a line's end (not the one in "67.50").
 VALUE_ENDS = re.compile(rb'["\n\t,;:()\[\]{}<>]|\.(?=\s|$)')
+NUMBER_BYTES = b"0123456789.eE+-"
 NUMBER_ENDS = re.compile(rb"[^0-9.eE+-]")
 
 
@@ -94,13 +98,15 @@ def longest_end_in(text: bytes, source: bytes, limit: int) -> int:
     return low
 
 
-def quoted_at(text: bytes, source: bytes, shortest: int = MIN_BYTES) -> tuple[int, int] | None:
+def quoted_at(
+    text: bytes, source: bytes, shortest: int = MIN_BYTES, longest: int = MAX_MATCH_BYTES
+) -> tuple[int, int] | None:
     """Where `source` quotes the end of `text`: the length of the longest end of `text`
-    (at least `shortest` bytes) that starts at a word, and the latest place in `source`
+    (`shortest` to `longest` bytes) that starts at a word, and the latest place in `source`
     where it occurs starting at a word too, as (length, end of that occurrence); None if
     there is none."""
-    longest = longest_end_in(text, source, MAX_MATCH_BYTES)
-    for length in range(longest, shortest - 1, -1):
+    found = longest_end_in(text, source, min(longest, MAX_MATCH_BYTES))
+    for length in range(found, shortest - 1, -1):
         start = len(text) - length
         if not _at_word(text, start):
             continue
@@ -127,9 +133,12 @@ class JsonPlace:
         self.brackets = bytearray()  # the open "{" and "[", innermost last
         self.last = 0  # the last of "{[,:" outside strings
         self.in_key = False
+        self.read_bytes = 0
+        self.opened = 0  # where the latest string's text starts, in bytes read
 
     def read(self, text: bytes) -> None:
         for byte in text:
+            self.read_bytes += 1
             if self.state == 2:
                 self.state = 1
             elif self.state == 1:
@@ -140,6 +149,7 @@ class JsonPlace:
             elif byte == 0x22:
                 on_object = bool(self.brackets) and self.brackets[-1] == 0x7B
                 self.state, self.in_key = 1, on_object and self.last in (0x7B, 0x2C)
+                self.opened = self.read_bytes
             elif byte in b"{[":
                 self.brackets.append(byte)
                 self.last = byte
@@ -187,12 +197,18 @@ class Quotation:
         json = self.json
         if max_tokens <= 0 or not self.tokens or json.in_key:
             return None
-        in_string = json.state != 0
-        in_number = not in_string and json.last == 0x3A and bool(json.brackets)
-        shortest = MIN_BYTES if in_string or in_number else MIN_FREE_BYTES
         # The output's end, one byte more than a match may take (whether it starts a word).
         window = bytes(self.text[-(MAX_MATCH_BYTES + 1) :])
-        found = quoted_at(window, self.prompt, shortest)
+        in_string = json.state != 0
+        digits = len(window) - len(window.rstrip(NUMBER_BYTES))
+        in_number = not in_string and digits > 0 and json.last == 0x3A and bool(json.brackets)
+        if in_string:  # a value's own text, not the punctuation before it
+            shortest, longest = MIN_BYTES, len(self.text) - json.opened
+        elif in_number:
+            shortest, longest = MIN_BYTES, digits
+        else:
+            shortest, longest = MIN_FREE_BYTES, MAX_MATCH_BYTES
+        found = quoted_at(window, self.prompt, shortest, longest)
         if found is None:
             return None
         length, end = found
@@ -231,7 +247,8 @@ class Quotation:
             draft = draft[:-1]
         if not draft:
             return None
-        return Quote(tuple(draft[:max_tokens]), closes=cut and in_string)
+        closes = cut and in_string and len(draft) <= max_tokens
+        return Quote(tuple(draft[:max_tokens]), closes=closes)
 
 
 class QuoteDrafts:
@@ -270,12 +287,12 @@ class QuoteDrafts:
             tokens = quote.tokens
             constraint = self._constraint_of(seq.key) if self._constraint_of else None
             if constraint is not None:
-                taken, forced = constraint.allowed(tokens)
+                taken, forced = constraint.allowed(tokens, closes=quote.closes)
                 tokens = tokens[:taken]
-                if quote.closes and taken == len(quote.tokens) and forced:
+                if forced:
                     # Tokenized again with what the grammar forces after the value, as the
                     # model writes it; what the grammar allows of that is the draft.
-                    longer = quotation.propose(limit, then=forced)
+                    longer = quotation.propose(limit, then=forced[:CONTINUATION_BYTES])
                     if longer is not None:
                         taken, _ = constraint.allowed(longer.tokens)
                         tokens = max(tokens, longer.tokens[:taken], key=len)

@@ -4,7 +4,7 @@ closed, with the keys the grammar forces next; never inside a key.
 
 The fake vocabulary has one token per byte, so tokens never straddle a match here; the real
 tokenizer's splits (` Officina` in the prompt, `"Off` in the answer) are exercised on
-SmolLM2 in tests/integration/test_structure_smollm2.py.
+SmolLM2 in tests/integration/test_quotes_smollm2.py.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from reame_core.settings import Settings
 from reame_suggeritore.constraint import Constraint
 from reame_suggeritore.grammars import GrammarCache
 from reame_suggeritore.plugin import Suggeritore
-from reame_suggeritore.quotes import NAME, Quotation, QuoteDrafts, quoted_at
+from reame_suggeritore.quotes import NAME, JsonPlace, Quotation, QuoteDrafts, quoted_at
 from reame_suggeritore.request_grammar import _json_schema
 from reame_suggeritore.tokenizer import build_tokenizer
 
@@ -125,16 +125,37 @@ def test_the_draft_is_cut_to_max_tokens() -> None:
     assert draft_after('{"organization": "Offi', max_tokens=4) == "cina"
 
 
-def test_reading_token_by_token_proposes_as_reading_everything_at_once() -> None:
-    answer = encode('{"organization": "Officina Verdi Srl", "amount": 67.50}')
-    for cut in range(len(answer)):
-        whole = Quotation(VOCAB, encode(DOCUMENT))
-        whole.extend(answer[:cut])
-        stepwise = Quotation(VOCAB, encode(DOCUMENT))
-        for token in answer[:cut]:
-            stepwise.extend([token])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"organization": "Officina Verdi Srl", "tags": ["a, b", "c\\"d"], "amount": 67.50}',
+        '[{"a": "x"}, {"b": {"c": "y, z"}}]',
+        'He said "hello, world" and left: {"k',
+    ],
+)
+def test_the_json_place_is_the_same_read_in_pieces_of_any_size(text: str) -> None:
+    whole = JsonPlace()
+    whole.read(text.encode())
+    for size in (1, 2, 3, 7):
+        pieces = JsonPlace()
+        data = text.encode()
+        for start in range(0, len(data), size):
+            pieces.read(data[start : start + size])
 
-        assert whole.propose(16) == stepwise.propose(16)
+        assert vars(pieces) == vars(whole)
+
+
+def test_a_value_is_quoted_from_its_own_text_not_the_punctuation_before_it() -> None:
+    # `": "` is in the prompt (an example), but the value has no text of its own yet.
+    prompt = 'Example: {"name": "Ann"}. Now the document: From: Officina Verdi Srl.'
+
+    assert draft_after('{"name": "', prompt) is None
+    assert draft_after('{"name": "Offi', prompt) == 'cina Verdi Srl"'
+
+
+def test_after_a_closed_value_only_a_phrase_is_quoted() -> None:
+    # The value is closed: what follows is the grammar's, not a number's digits.
+    assert draft_after('{"note": "x", "total": "Total due: 67.50 EUR", ') is None
 
 
 # ------------------------------------------------------------------- with a grammar
@@ -194,6 +215,32 @@ def test_a_closed_value_goes_on_with_what_the_grammar_forces_after_it() -> None:
 def test_the_grammar_cuts_a_draft_where_it_refuses_it() -> None:
     # maxLength 12: "Officina Ver" and no more.
     assert constrained_draft('{"organization": "Offi', 12) == ["cina Ver"]
+
+
+@pytest.mark.parametrize(
+    ("max_length", "tokens"),
+    [
+        (40, 'cina Verdi Srl", "amount": 67.50}'),  # allowed whole: it completes the answer
+        (40, 'cina Verdi Srl"'),  # allowed whole: it closes the value
+        (12, "cina Verdi Srl and more"),  # refused past maxLength
+    ],
+)
+def test_asking_the_grammar_about_a_draft_leaves_it_where_it_was(
+    max_length: int, tokens: str
+) -> None:
+    constraint = schema_constraint(max_length)
+    constraint.commit(encode('{"organization": "Offi'))
+    before = (constraint.forced(8), mask(constraint))
+
+    constraint.allowed(encode(tokens), closes=True)
+
+    assert (constraint.forced(8), mask(constraint)) == before
+
+
+def mask(constraint: Constraint) -> list[int]:
+    row = np.zeros(N_VOCAB, dtype=np.float32)
+    constraint.constrain((), row)
+    return [int(t) for t in np.flatnonzero(np.isfinite(row))]
 
 
 def test_an_unconstrained_sequence_gets_the_quote_alone() -> None:
