@@ -36,7 +36,8 @@ do not pay. A deterministic source (q is one-hot).
 
 Each sequence keeps its prompt's text and its output's text, extended as tokens are
 committed; a proposal searches the prompt's text a few times (each search linear in the
-prompt's length) and tokenizes some fifty bytes, twice where a value ends under a grammar.
+prompt's length) and tokenizes some fifty bytes, once more where a value ends under a
+grammar (the search is not repeated).
 """
 
 from __future__ import annotations
@@ -161,6 +162,21 @@ class JsonPlace:
 
 
 @dataclass(frozen=True)
+class Found:
+    """Where the prompt quotes the end of an output: the output's text from the first token
+    the match covers (`head`, `covered` tokens), the prompt's text after the match
+    (`following`), whether a value's end `cut` it there (in a JSON string, `in_string`: it
+    is to be closed), and whether the byte limit `clipped` it."""
+
+    head: str
+    covered: int
+    following: bytes
+    cut: bool
+    clipped: bool
+    in_string: bool
+
+
+@dataclass(frozen=True)
 class Quote:
     """A draft quoted from the prompt; `closes`: it ends with the quote that closes the JSON
     string it continues (the prompt's text ended the value there)."""
@@ -189,13 +205,17 @@ class Quotation:
             self.json.read(piece)
 
     def propose(self, max_tokens: int, then: bytes = b"") -> Quote | None:
-        """The prompt's text after the longest quotable end of the output, tokenized as the
-        output goes on from there; within a JSON string, up to where the prompt's text likely
-        ends the value, and the closing quote followed by `then` (what a grammar forces
-        after it: tokenized with the quote, as the model writes `",`); within a JSON number,
-        up to its end."""
+        """The prompt's text after the longest quotable end of the output (`find`), as a
+        draft (`draft`)."""
+        found = self.find()
+        return None if found is None else self.draft(found, max_tokens, then)
+
+    def find(self) -> Found | None:
+        """Where the prompt quotes the end of the output, and what it goes on with: within a
+        JSON string, up to where the prompt's text likely ends the value; within a JSON
+        number, up to its end."""
         json = self.json
-        if max_tokens <= 0 or not self.tokens or json.in_key:
+        if not self.tokens or json.in_key:
             return None
         # The output's end, one byte more than a match may take (whether it starts a word).
         window = bytes(self.text[-(MAX_MATCH_BYTES + 1) :])
@@ -214,16 +234,15 @@ class Quotation:
         length, end = found
         following = self.prompt[end : end + CONTINUATION_BYTES]
         clipped = len(self.prompt) - end > CONTINUATION_BYTES
-        cut = False
+        ended = None
         if in_string:  # a string's value: it ends where the prompt's phrase does
             ended = VALUE_ENDS.search(following)
             if ended is not None:
-                value = following[: ended.start()].rstrip()
-                following, cut = value + b'"' + then, True
+                following = following[: ended.start()].rstrip()
         elif in_number:
             ended = NUMBER_ENDS.search(following)
             if ended is not None:
-                following, cut = following[: ended.start()], True
+                following = following[: ended.start()]
         # The output's last tokens that hold the match: tokenized again with what follows,
         # they must come out as written, or the draft would not be split as the model
         # splits it.
@@ -235,20 +254,28 @@ class Quotation:
             head = bytes(self.text[self.starts[-covered] :]).decode("utf-8")
         except UnicodeDecodeError:
             return None
+        return Found(head, covered, following, ended is not None, clipped, in_string)
+
+    def draft(self, found: Found, max_tokens: int, then: bytes = b"") -> Quote | None:
+        """`found` tokenized as the output goes on from there: a value that ends closed with
+        its quote and followed by `then` (what a grammar forces after it: tokenized with the
+        quote, as the model writes `",`)."""
+        closes = found.cut and found.in_string
+        following = found.following + (b'"' + then if closes else b"")
         tail = following.decode("utf-8", errors="ignore")  # a character cut at the end
-        if not tail:
+        if max_tokens <= 0 or not tail:
             return None
-        tokens = self.vocab.tokenize(head + tail, add_special=False, parse_special=False)
+        covered = found.covered
+        tokens = self.vocab.tokenize(found.head + tail, add_special=False, parse_special=False)
         if tokens[:covered] == self.tokens[-covered:]:
             draft = tokens[covered:]
         else:  # the output split its word otherwise: the rest as it splits on its own
             draft = self.vocab.tokenize(tail, add_special=False, parse_special=False)
-        if clipped and not cut:  # the byte limit may have cut the last token's word short
+        if found.clipped and not found.cut:  # the byte limit may have cut the last word short
             draft = draft[:-1]
         if not draft:
             return None
-        closes = cut and in_string and len(draft) <= max_tokens
-        return Quote(tuple(draft[:max_tokens]), closes=closes)
+        return Quote(tuple(draft[:max_tokens]), closes=closes and len(draft) <= max_tokens)
 
 
 class QuoteDrafts:
@@ -281,8 +308,9 @@ class QuoteDrafts:
         for request in requests:
             seq, limit = request.seq, request.max_tokens
             quotation = self._quotation(seq, self._vocab)
-            quote = quotation.propose(limit)
-            if quote is None:
+            found = quotation.find()
+            quote = quotation.draft(found, limit) if found is not None else None
+            if found is None or quote is None:
                 continue
             tokens = quote.tokens
             constraint = self._constraint_of(seq.key) if self._constraint_of else None
@@ -292,7 +320,7 @@ class QuoteDrafts:
                 if forced:
                     # Tokenized again with what the grammar forces after the value, as the
                     # model writes it; what the grammar allows of that is the draft.
-                    longer = quotation.propose(limit, then=forced[:CONTINUATION_BYTES])
+                    longer = quotation.draft(found, limit, then=forced[:CONTINUATION_BYTES])
                     if longer is not None:
                         taken, _ = constraint.allowed(longer.tokens)
                         tokens = max(tokens, longer.tokens[:taken], key=len)
