@@ -9,18 +9,17 @@ SmolLM2 in tests/integration/test_quotes_smollm2.py.
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from importlib import import_module
 from pathlib import Path
 
 import numpy as np
 import pytest
+from byte_text import VOCAB, View, decode, encode
 from pydantic import ValidationError
 
-from reame_core.backend.fake import BOS, EOS, IM_END, N_VOCAB, FakeBackend, FakeVocabulary
+from reame_core.backend.fake import BOS, EOS, IM_END, N_VOCAB, FakeBackend
 from reame_core.engine.engine import Engine
 from reame_core.hooktypes import DraftRequest
 from reame_core.plugins import PluginHost
@@ -33,16 +32,7 @@ from reame_suggeritore.quotes import NAME, JsonPlace, Quotation, QuoteDrafts, qu
 from reame_suggeritore.request_grammar import _json_schema
 from reame_suggeritore.tokenizer import build_tokenizer
 
-VOCAB = FakeVocabulary()
 DOCUMENT = "INVOICE 7\nFrom: Officina Verdi Srl, Via Roma 12\nTotal due: 67.50 EUR.\n"
-
-
-def encode(text: str) -> list[int]:
-    return VOCAB.tokenize(text, add_special=False, parse_special=False)
-
-
-def decode(tokens: Sequence[int]) -> str:
-    return b"".join(VOCAB.token_bytes(t) for t in tokens).decode()
 
 
 def draft_after(answer: str, prompt: str = DOCUMENT, max_tokens: int = 64) -> str | None:
@@ -182,15 +172,6 @@ def schema_constraint(max_length: int) -> Constraint:
         eog=frozenset({EOS, IM_END}),
         request_id="req-test",
     )
-
-
-@dataclass
-class View:
-    """A sequence as a draft source sees it."""
-
-    prompt_tokens: list[int]
-    output_tokens: list[int] = field(default_factory=list)
-    key: int = field(default_factory=itertools.count().__next__)
 
 
 def configured(constraints: dict[int, Constraint] | None = None) -> QuoteDrafts:

@@ -8,34 +8,23 @@ SmolLM2 in tests/integration/test_structure_smollm2.py.
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from importlib import import_module
 from pathlib import Path
 
 import numpy as np
 import pytest
+from byte_text import VOCAB, View, decode, encode
 from pydantic import ValidationError
 
-from reame_core.backend.fake import BOS, EOS, N_VOCAB, FakeBackend, FakeVocabulary
+from reame_core.backend.fake import BOS, EOS, N_VOCAB, FakeBackend
 from reame_core.engine.engine import Engine
 from reame_core.hooktypes import DraftRequest
 from reame_core.plugins import PluginHost
 from reame_core.request import GenerationRequest, SamplingParams
 from reame_core.settings import Settings
 from reame_suggeritore.structure import NAME, Shape, StructureDrafts, TokenKinds
-
-VOCAB = FakeVocabulary()
-
-
-def encode(text: str) -> list[int]:
-    return VOCAB.tokenize(text, add_special=False, parse_special=False)
-
-
-def decode(tokens: Sequence[int]) -> str:
-    return b"".join(VOCAB.token_bytes(t) for t in tokens).decode()
 
 
 def draft_after(text: str, max_tokens: int = 16) -> str:
@@ -181,15 +170,6 @@ def test_reading_token_by_token_proposes_as_reading_everything_at_once() -> None
 
 
 # ---------------------------------------------------------------------- the plugin
-
-
-@dataclass
-class View:
-    """A sequence as a draft source sees it."""
-
-    prompt_tokens: list[int]
-    output_tokens: list[int] = field(default_factory=list)
-    key: int = field(default_factory=itertools.count().__next__)
 
 
 def configured(section: dict[str, object] | None = None) -> StructureDrafts:
