@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import sqlite3
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,6 +100,24 @@ def shared_length(stored: bytes, prompt: np.ndarray) -> int:
     return int(differ[0]) if differ.size else n
 
 
+def _switch_to_wal(db: sqlite3.Connection, busy_timeout_s: float) -> None:
+    """Put the database in WAL mode (a no-op once it is: the mode is stored in the file).
+    Switching takes an exclusive lock, and sqlite answers "locked" at once, without its
+    busy timeout, to the others of several processes opening a new directory together:
+    they try again until the timeout."""
+    deadline = time.monotonic() + busy_timeout_s
+    pause = 0.001
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
 class PrefixIndex:
     def __init__(self, path: Path, *, busy_timeout_s: float) -> None:
         # isolation_level=None: no implicit transactions; `writing()` opens them.
@@ -106,7 +125,7 @@ class PrefixIndex:
             path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
         )
         try:
-            self._db.execute("PRAGMA journal_mode=WAL")
+            _switch_to_wal(self._db, busy_timeout_s)
             # A crash may lose the last rows, never corrupt the index: lost rows are
             # rebuilt from their files.
             self._db.execute("PRAGMA synchronous=NORMAL")

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
+import multiprocessing.synchronize
+import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -26,6 +30,28 @@ def add(index: PrefixIndex, tokens: Sequence[int], fingerprint: str = MODEL) -> 
     with index.writing():
         index.add(key, fingerprint=fingerprint, model="m", tokens=tokens, size=1, when=0.0)
     return key
+
+
+def _open_together(path: Path, start: multiprocessing.synchronize.Barrier) -> None:
+    start.wait()
+    PrefixIndex(path, busy_timeout_s=5.0).close()
+
+
+def test_processes_opening_a_new_index_together_all_open_it(tmp_path: Path) -> None:
+    # The switch to WAL mode answered "locked" without waiting to all but one of them.
+    context = multiprocessing.get_context("fork")
+    for round_ in range(25):
+        path = tmp_path / f"index-{round_}.sqlite"
+        start = context.Barrier(6)
+        openers = [context.Process(target=_open_together, args=(path, start)) for _ in range(6)]
+        for opener in openers:
+            opener.start()
+        for opener in openers:
+            opener.join(timeout=30)
+
+        assert [opener.exitcode for opener in openers] == [0] * 6
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
 
 BASE = list(range(1000, 1300))  # 300 tokens
