@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from reame_core.hookspecs import hookimpl
 from reame_core.hooktypes import DraftProposal, DraftRequest, ModelInfo, SequenceView
+from reame_core.per_sequence import PerSequence
 from reame_core.settings import Settings
 
 NAME = "prompt_lookup"
@@ -74,7 +75,7 @@ class NgramIndex:
 class PromptLookup:
     def __init__(self) -> None:
         self.settings = PromptLookupSettings.model_validate({})
-        self._indexes: dict[int, NgramIndex] = {}
+        self._indexes = PerSequence(self._new_index)
 
     @hookimpl
     def reame_configure(self, settings: Settings, model: ModelInfo) -> None:
@@ -89,7 +90,7 @@ class PromptLookup:
     def reame_propose_drafts(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]:
         proposals = []
         for request in requests:
-            index = self._index(request.seq)
+            index = self._indexes.of(request.seq)
             tokens = index.propose(request.max_tokens)
             if tokens:
                 proposals.append(DraftProposal(request.seq, NAME, tokens))
@@ -97,16 +98,9 @@ class PromptLookup:
 
     @hookimpl
     def reame_generation_finished(self, seq: SequenceView, finish_reason: str, text: str) -> None:
-        self._indexes.pop(seq.key, None)
+        self._indexes.drop(seq)
 
-    def _index(self, seq: SequenceView) -> NgramIndex:
-        index = self._indexes.get(seq.key)
-        if index is None:
-            index = NgramIndex(self.settings.ngram_min, self.settings.ngram_max)
-            index.extend(seq.prompt_tokens)
-            self._indexes[seq.key] = index
-        output = seq.output_tokens
-        known = len(index.tokens) - len(seq.prompt_tokens)
-        if known < len(output):
-            index.extend(output[known:])
+    def _new_index(self, seq: SequenceView) -> NgramIndex:
+        index = NgramIndex(self.settings.ngram_min, self.settings.ngram_max)
+        index.extend(seq.prompt_tokens)
         return index

@@ -173,7 +173,7 @@ def test_index_of_a_sequence_is_dropped_when_it_ends(
     engine.generate(request(prompt, max_tokens=30), lambda event: seen.append(len(lookup._indexes)))
 
     assert max(seen) == 1
-    assert lookup._indexes == {}
+    assert len(lookup._indexes) == 0
 
 
 def test_index_of_a_cancelled_sequence_is_dropped(
@@ -191,5 +191,5 @@ def test_index_of_a_cancelled_sequence_is_dropped(
     engine.step()
 
     assert indexed == 1
-    assert lookup._indexes == {}
+    assert len(lookup._indexes) == 0
     assert not engine.busy

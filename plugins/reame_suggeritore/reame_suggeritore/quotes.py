@@ -50,6 +50,7 @@ from pydantic import BaseModel, ConfigDict
 
 from reame_core.hookspecs import hookimpl
 from reame_core.hooktypes import DraftProposal, DraftRequest, ModelInfo, SequenceView, Vocabulary
+from reame_core.per_sequence import PerSequence
 from reame_core.settings import Settings
 from reame_suggeritore.constraint import Constraint
 from reame_suggeritore.plugin import plugin as suggeritore
@@ -288,7 +289,7 @@ class QuoteDrafts:
     def __init__(self, constraint_of: Callable[[int], Constraint | None] | None = None) -> None:
         self._constraint_of = constraint_of
         self._vocab: Vocabulary | None = None
-        self._quotations: dict[int, Quotation] = {}
+        self._quotations = PerSequence(self._new_quotation)
 
     @hookimpl
     def reame_configure(self, settings: Settings, model: ModelInfo) -> None:
@@ -307,7 +308,7 @@ class QuoteDrafts:
         proposals = []
         for request in requests:
             seq, limit = request.seq, request.max_tokens
-            quotation = self._quotation(seq, self._vocab)
+            quotation = self._quotations.of(seq)
             found = quotation.find()
             quote = quotation.draft(found, limit) if found is not None else None
             if found is None or quote is None:
@@ -330,16 +331,11 @@ class QuoteDrafts:
 
     @hookimpl
     def reame_generation_finished(self, seq: SequenceView, finish_reason: str, text: str) -> None:
-        self._quotations.pop(seq.key, None)
+        self._quotations.drop(seq)
 
-    def _quotation(self, seq: SequenceView, vocab: Vocabulary) -> Quotation:
-        quotation = self._quotations.get(seq.key)
-        if quotation is None:
-            quotation = self._quotations[seq.key] = Quotation(vocab, seq.prompt_tokens)
-        output = seq.output_tokens
-        if len(quotation.tokens) < len(output):
-            quotation.extend(output[len(quotation.tokens) :])
-        return quotation
+    def _new_quotation(self, seq: SequenceView) -> Quotation:
+        assert self._vocab is not None  # asked only once configured
+        return Quotation(self._vocab, seq.prompt_tokens)
 
 
 plugin = QuoteDrafts(suggeritore.constraint_of)

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict
 
 from reame_core.hookspecs import hookimpl
 from reame_core.hooktypes import DraftProposal, DraftRequest, ModelInfo, SequenceView, Vocabulary
+from reame_core.per_sequence import PerSequence
 from reame_core.settings import Settings
 
 NAME = "suggeritore_structure"
@@ -396,7 +397,7 @@ class StructureDrafts:
 
     def __init__(self) -> None:
         self._kinds: TokenKinds | None = None
-        self._shapes: dict[int, Shape] = {}
+        self._shapes = PerSequence(self._new_shape)
 
     @hookimpl
     def reame_configure(self, settings: Settings, model: ModelInfo) -> None:
@@ -417,24 +418,19 @@ class StructureDrafts:
             return []
         proposals = []
         for request in requests:
-            tokens = self._shape(request.seq, self._kinds).propose(request.max_tokens)
+            tokens = self._shapes.of(request.seq).propose(request.max_tokens)
             if tokens:
                 proposals.append(DraftProposal(request.seq, NAME, tokens))
         return proposals
 
     @hookimpl
     def reame_generation_finished(self, seq: SequenceView, finish_reason: str, text: str) -> None:
-        self._shapes.pop(seq.key, None)
+        self._shapes.drop(seq)
 
-    def _shape(self, seq: SequenceView, kinds: TokenKinds) -> Shape:
-        shape = self._shapes.get(seq.key)
-        if shape is None:
-            shape = self._shapes[seq.key] = Shape(kinds)
-            shape.extend(seq.prompt_tokens)
-        output = seq.output_tokens
-        known = len(shape.tokens) - len(seq.prompt_tokens)
-        if known < len(output):
-            shape.extend(output[known:])
+    def _new_shape(self, seq: SequenceView) -> Shape:
+        assert self._kinds is not None  # asked only once configured
+        shape = Shape(self._kinds)
+        shape.extend(seq.prompt_tokens)
         return shape
 
 

@@ -293,4 +293,4 @@ def test_a_sequence_shape_is_dropped_when_it_ends() -> None:
         engine.stop()
 
     assert max(held) == 1
-    assert source._shapes == {}
+    assert len(source._shapes) == 0
