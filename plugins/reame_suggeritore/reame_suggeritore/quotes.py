@@ -78,13 +78,39 @@ class QuoteSettings(BaseModel):
 
 
 def _at_word(text: bytes, start: int) -> bool:
-    """Whether `text[start:]` starts a word: at the start of `text`, after a byte that is not
-    a letter or digit, or with such a byte itself."""
-    return start == 0 or not _alnum(text[start - 1]) or not _alnum(text[start])
+    """Whether `text[start:]` starts a word: at the start of `text`, after a character that
+    is not a letter or digit (a space, an em dash, a typographic quote), or with such a
+    character itself; never inside a UTF-8 character."""
+    if start == 0:
+        return True
+    if _CONTINUATION <= text[start] < _LEAD:
+        return False
+    return not _alnum(_character_before(text, start)) or not _alnum(_character_at(text, start))
 
 
-def _alnum(byte: int) -> bool:
-    return byte >= 0x80 or chr(byte).isalnum()
+_CONTINUATION, _LEAD = 0x80, 0xC0  # UTF-8: bytes 0x80-0xBF continue a character
+
+
+def _character_at(text: bytes, start: int) -> bytes:
+    end = start + 1
+    while end < len(text) and end - start < 4 and _CONTINUATION <= text[end] < _LEAD:
+        end += 1
+    return text[start:end]
+
+
+def _character_before(text: bytes, end: int) -> bytes:
+    start = end - 1
+    while start > 0 and end - start < 4 and _CONTINUATION <= text[start] < _LEAD:
+        start -= 1
+    return text[start:end]
+
+
+def _alnum(character: bytes) -> bool:
+    """Whether a character is a letter or digit; a broken one counts as a letter."""
+    try:
+        return character.decode().isalnum()
+    except UnicodeDecodeError:
+        return True
 
 
 def longest_end_in(text: bytes, source: bytes, limit: int) -> int:

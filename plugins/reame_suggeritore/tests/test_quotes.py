@@ -71,6 +71,29 @@ def test_the_middle_of_a_word_is_not_a_quote() -> None:
     assert quoted_at(b"an invoice", b"his voice carried") is None
 
 
+def test_a_word_after_a_typographic_quote_or_a_dash_starts_a_word() -> None:
+    # The answer's “Officina follows a quote mark; the prompt's Officina an em dash.
+    answer = "Fornitore: “Officina".encode()
+    source = "Fornitore — Officina Rossi".encode()
+
+    assert quoted_at(answer, source) == (len(b"Officina"), source.index(b"Officina") + 8)
+
+
+def test_accented_letters_belong_to_their_word() -> None:
+    # "però" holds "rò"; "ciò" ends in "iò": neither starts a word.
+    assert quoted_at("dico però".encode(), "ciò rò".encode()) is None
+    assert quoted_at("la città".encode(), "però città di".encode()) == (
+        len(" città".encode()),
+        len("però città".encode()),
+    )
+
+
+def test_a_quote_never_starts_inside_a_character() -> None:
+    # "è" is c3 a8: its second byte alone matches no character's start.
+    answer = "perch\u00e8 no".encode()[:-3]  # "perchè"
+    assert quoted_at(answer, b"\xa8 x", shortest=1) is None
+
+
 # ---------------------------------------------------------------------------- proposing
 
 
