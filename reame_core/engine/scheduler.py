@@ -184,7 +184,9 @@ class Scheduler:
         # lone token would take llama.cpp's decode path instead of the prefill path.
         limit = max(0, len(prompt) - 2)
         match = self.slots.longest_prefix(prompt, limit)
-        slot = self.slots.acquire(prefer=match.slot if match else None, session=request.session_id)
+        session = request.session_id
+        prefer = match.slot if match and self.slots.worth_taking(match, session) else None
+        slot = self.slots.acquire(prefer=prefer, session=session)
         # Sequences own their slots from here on, so a failure below releases them.
         group.sequences.append(Candidate(group, 0, slot, sampler))
         if group.unstarted:  # candidates that may start later fork a sampler kept unused

@@ -133,6 +133,18 @@ class KVSlots:
                 return slot
         return None
 
+    def worth_taking(self, match: PrefixMatch, session: str | None) -> bool:
+        """Whether a request sharing `match.length` tokens with a slot should take the slot
+        over, cutting its KV back to them, rather than copy them into a slot of its own: where
+        the slot holds its own session's conversation, or nothing reusable beyond the shared
+        prefix. Otherwise the slot keeps an earlier prompt whole, for a request repeating it,
+        and the least recently used free slot is given up instead."""
+        slot = match.slot
+        if slot.session is not None and slot.session == session:
+            return True
+        kept = slot.exact if self._exact_reuse else len(slot.tokens)
+        return self.reusable(kept) <= match.length
+
     def may_take(self, slot: Slot, session: str | None) -> bool:
         """Whether a request of `session` may take `slot` over (not merely copy from it)."""
         return not slot.busy and slot.session in (None, session)

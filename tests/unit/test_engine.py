@@ -357,6 +357,40 @@ def test_repeated_prompt_reuses_all_but_its_last_two_tokens(
     assert again.candidates[0].tokens == first.candidates[0].tokens
 
 
+def test_a_prompt_stays_resident_whole_when_another_shares_its_beginning(
+    make_engine: MakeEngine, tokenize: Tokenize
+) -> None:
+    # The second request copies the shared instructions into a free slot instead of cutting
+    # the first one's slot back to them, so the first prompt, sent again, is all reused.
+    engine = make_engine(n_seq_max=2)
+    shared = "Extract the fields of the document below. "
+    first = tokenize(shared + "Invoice 17 from Officina Verdi.")
+    engine.generate(request(first, max_tokens=10))
+    second = engine.generate(request(tokenize(shared + "Ticket 4 from Mark."), max_tokens=10))
+
+    again = engine.generate(request(first, max_tokens=10))
+
+    assert second.usage.cached_tokens == len(tokenize(shared))
+    assert again.usage.cached_tokens == len(first) - 2
+
+
+def test_a_slot_holding_no_more_than_the_shared_prefix_is_taken_over(
+    make_engine: MakeEngine, tokenize: Tokenize
+) -> None:
+    # A conversation's next turn continues in the slot of the turn before: nothing beyond
+    # the shared part was reusable there, so no other slot is given up.
+    engine = make_engine(n_seq_max=2)
+    turn = tokenize("User: hello. Assistant:")
+    first = engine.generate(request(turn, max_tokens=6))
+    engine.generate(request(tokenize("Unrelated request"), max_tokens=6))
+    follow_up = [*turn, *first.candidates[0].tokens, *tokenize(" User: and then?")]
+
+    engine.generate(request(follow_up, max_tokens=6))
+
+    holders = [slot for slot in engine.slots.slots if slot.tokens[: len(turn)] == turn]
+    assert len(holders) == 1
+
+
 class MemoryPrefixStore:
     """A prefix cache kept in a dict: snapshots every 8 prompt tokens, serves the longest."""
 
