@@ -4,11 +4,13 @@ A draft source that reads a sequence's text (an n-gram index, a JSON reader, the
 text for quoting) builds that state from the prompt once, then extends it with the output
 tokens the sequence committed since the last call, and forgets it when the sequence ends:
 
-    self._indexes = PerSequence(lambda seq: NgramIndex(seq.prompt_tokens))
+    self._indexes = PerSequence(self._new_index)  # _new_index(seq): read seq.prompt_tokens
     ...
-    index = self._indexes.of(request.seq)         # in reame_propose_drafts
+    index = self._indexes.of(request.seq)          # in reame_propose_drafts
     ...
     self._indexes.drop(seq)                        # in reame_generation_finished
+
+(prompt lookup, `reame_core/builtins/prompt_lookup.py`, does exactly this.)
 
 Only committed tokens are given: a draft being verified is not part of the output yet.
 """
