@@ -2,7 +2,7 @@
 # host, so Reame's library and the llama-server it is measured against run the same kernels.
 #
 # Expects `here` (the scripts folder). Sets `cpu_flags`, `cmake_args` (a CMAKE_ARGS string)
-# and `amx_patch` (the patch to apply to the vendored llama.cpp, or empty).
+# and `patches` (the patches to apply to the vendored llama.cpp, in order).
 #
 # Compiled for the host's own instruction set (-march=native: fast). Intel AMX gets special
 # care: the vendored ggml's AMX path dies in the first decode (its tile configuration can be
@@ -10,13 +10,19 @@
 # the source is patched (patches/ggml-amx-tile-config.patch) and the AMX path kept: it gave
 # 4.1x the prompt rate on SmolLM2 and 1.4x on Qwen2.5-Coder-1.5B (docs/BENCHMARKS.md).
 # Elsewhere, or with REAME_NO_AMX=1, AMX is left out of the build.
+#
+# On every host the source gets patches/ggml-fa-row-exact.patch: a flash attention path that
+# computes every query row the same way whatever its batch and thread count, taken only when
+# GGML_FA_ROW_EXACT=1 is set (Reame's deterministic configuration sets it; llama-server,
+# built from the same source, keeps llama.cpp's own paths). docs/ARCHITECTURE.md,
+# "Determinism", says why.
 
 cpu_flags=$(grep -m1 -E '^(flags|Features)' "${REAME_CPUINFO:-/proc/cpuinfo}" || true)
 cmake_args="-DGGML_NATIVE=ON"
-amx_patch=
+patches=("$here/patches/ggml-fa-row-exact.patch")
 if [[ $(uname -m) == x86_64 ]]; then
     if [[ " $cpu_flags " == *" amx_int8 "* && ${REAME_NO_AMX:-0} != 1 ]]; then
-        amx_patch=$here/patches/ggml-amx-tile-config.patch
+        patches+=("$here/patches/ggml-amx-tile-config.patch")
     else
         # GCC honours -mno-amx-* after -march=native.
         no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"

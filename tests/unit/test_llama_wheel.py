@@ -1,5 +1,6 @@
-"""scripts/llama-wheel's cache key: one build per CPU, and AMX hosts get the patched build;
-scripts/llama-server builds llama.cpp the same way (llama-build-flags.sh)."""
+"""scripts/llama-wheel's cache key: one build per CPU; every host gets the row-exact flash
+attention patch, AMX hosts the AMX patch too; scripts/llama-server builds llama.cpp the same
+way (llama-build-flags.sh)."""
 
 from __future__ import annotations
 
@@ -54,30 +55,35 @@ def test_the_key_is_stable(tmp_path: Path) -> None:
     assert wheel_key(tmp_path, AMX) == wheel_key(tmp_path, AMX)
 
 
-def build_flags(tmp_path: Path, flags: str, **env: str) -> tuple[str, str]:
-    """(cmake_args, amx_patch) as llama-build-flags.sh decides them for this CPU."""
+def build_flags(tmp_path: Path, flags: str, **env: str) -> tuple[str, list[str]]:
+    """(cmake_args, patches) as llama-build-flags.sh decides them for this CPU."""
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(f"processor\t: 0\n{flags}\n")
     done = subprocess.run(
         ["bash", "-c", f'here={SCRIPTS}; source "$here/llama-build-flags.sh"; '
-         'printf "%s\\n%s\\n" "$cmake_args" "$amx_patch"'],
+         'printf "%s\\n" "$cmake_args" "${patches[@]}"'],
         env={**os.environ, "REAME_CPUINFO": str(cpuinfo), **env},
         capture_output=True, text=True, check=True,
     )  # fmt: skip
-    cmake_args, amx_patch = done.stdout.split("\n")[:2]
-    return cmake_args, amx_patch
+    cmake_args, *patches = done.stdout.rstrip("\n").split("\n")
+    return cmake_args, patches
 
 
-def test_an_amx_host_builds_with_the_patch_and_amx_left_in(tmp_path: Path) -> None:
-    cmake_args, amx_patch = build_flags(tmp_path, AMX)
-    assert amx_patch.endswith("ggml-amx-tile-config.patch") and Path(amx_patch).is_file()
+def test_an_amx_host_builds_with_the_patches_and_amx_left_in(tmp_path: Path) -> None:
+    cmake_args, patches = build_flags(tmp_path, AMX)
+    assert [Path(p).name for p in patches] == [
+        "ggml-fa-row-exact.patch",
+        "ggml-amx-tile-config.patch",
+    ]
+    assert all(Path(p).is_file() for p in patches)
     assert "-mno-amx" not in cmake_args
 
 
-def test_elsewhere_amx_is_left_out_and_nothing_patched(tmp_path: Path) -> None:
+def test_elsewhere_amx_is_left_out_and_only_attention_patched(tmp_path: Path) -> None:
     for flags, env in ((AVX512, {}), (AMX, {"REAME_NO_AMX": "1"})):
-        cmake_args, amx_patch = build_flags(tmp_path, flags, **env)
-        assert amx_patch == "" and "-mno-amx-int8" in cmake_args
+        cmake_args, patches = build_flags(tmp_path, flags, **env)
+        assert [Path(p).name for p in patches] == ["ggml-fa-row-exact.patch"]
+        assert "-mno-amx-int8" in cmake_args
 
 
 def test_llama_server_and_the_wheel_share_the_build_flags() -> None:
