@@ -119,12 +119,26 @@ def wait_healthy(url: str, seconds: float = 60.0) -> bool:
     return False
 
 
+def stock_environment() -> dict[str, str]:
+    """This process's environment without Reame's switch of its row-exact attention path
+    (set by any process that loaded llama.cpp through Reame): llama-server, built from the
+    same patched source, then runs llama.cpp's own kernels, as its users run it."""
+    return {name: value for name, value in os.environ.items() if name != "GGML_FA_ROW_EXACT"}
+
+
 @contextmanager
-def running_server(argv: Sequence[str], port: int, log: IO[bytes] | None = None) -> Iterator[str]:
+def running_server(
+    argv: Sequence[str],
+    port: int,
+    log: IO[bytes] | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[str]:
     """Start an HTTP server process (Reame's or another's) and wait until /health says
     200; yields its base URL and stops the process afterwards. Its log (stderr) goes to
     `log` when given, for what the server reports about itself."""
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log or subprocess.DEVNULL)
+    process = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=log or subprocess.DEVNULL, env=env
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url)
@@ -147,7 +161,7 @@ def llama_server(
     defaults otherwise, plus `extra` flags), running until the block ends; yields its URL."""
     port = free_port()
     argv = llama_server_argv(binary, model_path, threads, port, slots=slots, ctx=ctx, extra=extra)
-    return running_server(argv, port)
+    return running_server(argv, port, env=stock_environment())
 
 
 def llama_server_argv(

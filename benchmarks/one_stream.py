@@ -43,6 +43,7 @@ from common import (
     llama_server_argv,
     median_ratio,
     raw_decode,
+    stock_environment,
     thread_cpu_seconds,
     wait_healthy,
     write_report,
@@ -134,7 +135,10 @@ class Servers:
     def start(self, order: list[str]) -> None:
         for name in order:
             self.processes[name] = subprocess.Popen(
-                self.argvs[name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                self.argvs[name],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=stock_environment() if name == "llama-server" else None,
             )
         for name in order:
             port = self.ports[name]

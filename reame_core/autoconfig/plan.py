@@ -11,10 +11,13 @@ A plugin that keeps data on disk declares how much it wants (hook `reame_disk_ne
 plan turns each need into a budget from the free disk and offers it as the default of the
 plugin's setting. The plan names no plugin itself.
 
-Flash attention is on. In the deterministic configuration the keys are cached as q8_0,
-which keeps ggml's flash attention on the one path whose results depend on neither the
-batch nor the thread count (`stable_attention`); were f16 keys and values set explicitly,
-flash attention is off instead. The values are f16, q8_0 when memory is tight.
+Flash attention is on. In the deterministic configuration it needs a path whose results
+depend on neither the batch nor the thread count (`stable_attention`). Where the build check
+found the row-exact path (Reame's patched build), keys and values are f16 and every row
+takes the tiled kernel. Elsewhere the keys are cached as q8_0, which keeps ggml's flash
+attention on its one-row path, or flash attention is off where the build check timed
+prompts much faster that way and found it exact. The values are f16, q8_0 when memory is
+tight.
 
 Pure functions of their inputs: tests feed fake facts and check the decisions.
 """
@@ -120,10 +123,13 @@ class AttentionFacts:
     `prompt_gain_without_flash`: how many times as fast a prompt ran without flash attention
     (keys and values f16) as with it (keys q8_0), both deterministic; None: not timed.
     `exact_without_flash`: whether, without it, a row computed alone got the logits the same
-    row gets inside a chunk (unknown: not)."""
+    row gets inside a chunk (unknown: not).
+    `row_exact_flash`: whether, with it and f16 keys and values, it did (only a build with the
+    row-exact path does: scripts/patches/ggml-fa-row-exact.patch; unknown: not)."""
 
     prompt_gain_without_flash: float | None = None
     exact_without_flash: bool = False
+    row_exact_flash: bool = False
 
 
 UNTIMED = AttentionFacts()
@@ -158,7 +164,9 @@ def plan_host(
             "as it runs, very slowly; pick a smaller model"
         )
 
-    kv_k, kv_v = _kv_types(settings, flash_attn.value, shape, room, ctx_target * slots_target)
+    kv_k, kv_v = _kv_types(
+        settings, flash_attn.value, attention, shape, room, ctx_target * slots_target
+    )
     per_token = shape.kv_bytes_per_token(kv_k.value, kv_v.value)
     ctx, parallel = _ctx_and_slots(settings, shape, room, per_token, ctx_target, slots_target)
     kv_bytes = int(ctx.value * parallel.value * per_token)
@@ -214,11 +222,18 @@ def _batch(settings: Settings, facts: HostFacts, shape: ModelShape, ctx: int) ->
 
 
 def flash_attn_choice(settings: Settings, attention: AttentionFacts = UNTIMED) -> Choice[bool]:
-    """Flash attention on or off, and why: off only where the build check found prompts at
-    least `FLASH_OFF_GAIN` times as fast without it and a lone row exact there."""
+    """Flash attention on or off, and why: off only where the build lacks the row-exact path
+    and the build check found prompts at least `FLASH_OFF_GAIN` times as fast without it
+    and a lone row exact there."""
     if not settings.deterministic:
         return Choice(True, "--no-deterministic selects llama.cpp's fastest settings")
     kv_type = settings.kv_type
+    if attention.row_exact_flash and kv_type in (None, "f16"):
+        return Choice(
+            True,
+            "this build's row-exact path computes every row with the tiled kernel, keys and "
+            "values f16 (checked for this model): deterministic, and the fastest here",
+        )
     if kv_type is not None and not stable_attention(True, kv_type, kv_type):
         return Choice(
             False,
@@ -247,7 +262,12 @@ def flash_attn_choice(settings: Settings, attention: AttentionFacts = UNTIMED) -
 
 
 def _kv_types(
-    settings: Settings, flash_attn: bool, shape: ModelShape, room: int, tokens: int
+    settings: Settings,
+    flash_attn: bool,
+    attention: AttentionFacts,
+    shape: ModelShape,
+    room: int,
+    tokens: int,
 ) -> tuple[Choice[KVType], Choice[KVType]]:
     values_note = "values stay f16: a quantized V cache needs flash attention, off here"
     if settings.kv_type is not None:
@@ -255,7 +275,9 @@ def _kv_types(
         if settings.kv_type != "f16" and not flash_attn:
             return keys, Choice("f16", values_note)
         return keys, Choice(settings.kv_type, "set in the settings", explicit=True)
-    keys_type, values_type = default_kv_types(settings.deterministic, flash_attn)
+    keys_type, values_type = default_kv_types(
+        settings.deterministic, flash_attn, attention.row_exact_flash
+    )
     keys_note = ""
     if keys_type != values_type:
         keys_note = "; q8_0 keys keep flash attention on one path (deterministic)"

@@ -29,6 +29,7 @@ from reame_core.backend.base import (
     equal_split_passes,
     simple_split_passes,
 )
+from reame_core.backend.probe_child import ROW_EXACT_ENV
 from reame_core.errors import ModelLoadError
 from reame_core.hooktypes import FimTokens, ModelInfo
 from reame_core.models.shape import KVType, ModelShape, default_kv_types
@@ -73,6 +74,13 @@ T = TypeVar("T")
 # building arrays and copying them (decode steps, short drafts).
 _FEW = 32
 _GGML_TYPES: dict[KVType, int] = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
+
+
+def _row_exact_on(type_k: KVType, type_v: KVType) -> bool:
+    """Whether flash attention with these types takes the row-exact path (in a build that
+    has it): f16 keys and values, the switch on."""
+    switch = os.environ.get(ROW_EXACT_ENV, "").strip()  # ggml reads it with atoi
+    return type_k == type_v == "f16" and switch.isdigit() and int(switch) != 0
 
 
 @contextmanager
@@ -314,6 +322,13 @@ class LlamaBackend:
             raise ModelLoadError(f"A {type_v} V cache needs flash attention, which is off.")
         ctx_params.type_k = _GGML_TYPES[type_k]
         ctx_params.type_v = _GGML_TYPES[type_v]
+        if deterministic and flash_attn and type_k == type_v == "f16":
+            # The row-exact path (scripts/patches/ggml-fa-row-exact.patch) for this process:
+            # ggml reads the switch once, at the first attention it computes, so it is set
+            # before this model runs, and a process serves one configuration. A build
+            # without the patch ignores it; the build check then finds f16 flash attention
+            # inexact and the plan keeps q8_0 keys. GGML_FA_ROW_EXACT=0 turns it off.
+            os.environ.setdefault(ROW_EXACT_ENV, "1")
         try:
             self._ctx = _on_a_thread_of_its_own(
                 llama_cpp.llama_init_from_model, self._model, ctx_params, free=llama_cpp.llama_free
@@ -338,6 +353,8 @@ class LlamaBackend:
             n_seq_max=n_seq_max,
             n_batch=n_batch,
             settings_key=f"unified={not deterministic}/fa={flash_attn}/seqs={n_seq_max}"
+            # The row-exact path computes f16 attention along other paths than ggml's own.
+            + ("/rows=exact" if flash_attn and _row_exact_on(type_k, type_v) else "")
             # Other weight buffers compute with other kernels: not the same KV bytes.
             + ("" if use_extra_bufts else "/no-extra-bufts"),
             kv_type=type_k if type_k == type_v else f"{type_k}/{type_v}",

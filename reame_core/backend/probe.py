@@ -10,9 +10,11 @@ loads that way, or, when nothing works, stops with one message that says what ha
 how to fix it.
 
 Once the build decodes, a second child times a short prompt in both deterministic attention
-configurations (flash attention with q8_0 keys, and without it), whose speeds differ from
-CPU to CPU, with OpenMP set as the server runs it; the host plan picks the faster
-(`BuildVerdict.prompt_gain_without_flash`).
+configurations of a stock build (flash attention with q8_0 keys, and without it), whose
+speeds differ from CPU to CPU, with OpenMP set as the server runs it, and checks whether
+flash attention with f16 keys computes a lone row exactly (the row-exact path Reame's build
+is patched with). The host plan takes the row-exact path where it is, the faster of the
+other two where not (`attention_facts`).
 
 The verdict is cached in Reame's cache dir, keyed by the llama.cpp library files and the CPU
 (model, flags, kernel), so the check runs once per build and CPU. Verdicts that may depend
@@ -51,7 +53,7 @@ from reame_core.settings import Settings
 log = structlog.get_logger(__name__)
 
 # Bump when the child's check changes, so that verdicts of the old check are made anew.
-CHECK_VERSION = 3
+CHECK_VERSION = 4
 # A healthy check takes under a second; a busy neighbour on the cores may stretch it tenfold.
 TIMEOUT = 30.0
 PROBE_MODEL = "smollm2-135m"  # embedded in a package: no download, 98 MB, fast to load
@@ -203,8 +205,8 @@ class BuildVerdict(BaseModel):
 def attention_facts(timing: ProbeAttempt | None) -> AttentionFacts:
     """What a timing child reported: how many times faster it computed a prompt without
     flash attention than with it (which is faster depends on the CPU and the model; None
-    when it did not time both), and whether without it a prompt's last row computed alone
-    equalled the same row computed in a chunk."""
+    when it did not time both), and whether without it, and with f16 flash attention, a
+    prompt's last row computed alone equalled the same row computed in a chunk."""
     if timing is None:
         return UNTIMED
     seconds = timing.facts.get("prefill_seconds") or {}
@@ -212,6 +214,7 @@ def attention_facts(timing: ProbeAttempt | None) -> AttentionFacts:
     return AttentionFacts(
         prompt_gain_without_flash=float(flash) / float(plain) if flash and plain else None,
         exact_without_flash=bool(timing.facts.get("one_row_exact_without_flash")),
+        row_exact_flash=bool(timing.facts.get("one_row_exact_flash_f16")),
     )
 
 

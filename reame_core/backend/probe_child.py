@@ -9,7 +9,8 @@ this module and stays small: the first start on a new build or CPU waits for it.
 
 With ``--time-attention`` (a second child, once the build is known to decode, run with the
 OpenMP settings the server itself runs with) it times a prompt in both deterministic
-attention configurations instead.
+attention configurations instead, and checks which configurations compute a lone row as
+they compute it inside a chunk.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import re
 import sys
 import time
@@ -25,6 +27,11 @@ from collections.abc import Sequence
 from typing import Any
 
 MARK = "reame-probe "
+# The switch of the row-exact flash attention path that Reame's llama.cpp build is patched
+# with (scripts/patches/ggml-fa-row-exact.patch): with it, f16 keys and values compute every
+# query row the same way whatever its batch. ggml reads it once, at the first attention it
+# computes, so it is set before any model runs, in this child as in Reame's own process.
+ROW_EXACT_ENV = "GGML_FA_ROW_EXACT"
 # At least two threads, so that ggml's worker threads run kernels too (the AMX crash happens
 # in them, not in the calling thread); no more, so the check costs the same on any host.
 THREADS = 2
@@ -39,11 +46,16 @@ ATTENTION = {
     "flash_q8_0_keys": ("LLAMA_FLASH_ATTN_TYPE_ENABLED", "GGML_TYPE_Q8_0"),
     "no_flash_f16": ("LLAMA_FLASH_ATTN_TYPE_DISABLED", "GGML_TYPE_F16"),
 }
+# Checked for a lone row only: flash attention with f16 keys is exact on builds with the
+# row-exact path, and then the plan takes it without timing it (it is the tiled kernel).
+FLASH_F16 = ("LLAMA_FLASH_ATTN_TYPE_ENABLED", "GGML_TYPE_F16")
 PREFILL = 256
 CHUNK = 128  # Settings.prefill_chunk's default
 ROUNDS = 2
 # The one-row check's context: without flash attention, a lone row's products against 256
-# cached cells or more took another path than the same row's in a chunk on the Intel host.
+# cached cells or more took another path than the same row's in a chunk on the Intel host;
+# with f16 flash attention a lone row against 512 cells or more splits the cache between
+# the threads, unless the row-exact path is on.
 ONE_ROW_CONTEXT = 600
 
 # "load_tensors:   CPU_REPACK model buffer size =    27.00 MiB"
@@ -99,10 +111,11 @@ def _no_core_dumps() -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, hard))
 
 
-def _context(llama_cpp: Any, model: Any, attention: str, n_ctx: int) -> Any:
-    """A one-sequence context of `n_ctx` cells in the `ATTENTION` configuration named, taking
-    prompts in chunks of `CHUNK` as the engine does."""
-    flash, type_k = ATTENTION[attention]
+def _context(llama_cpp: Any, model: Any, attention: tuple[str, str], n_ctx: int) -> Any:
+    """A one-sequence context of `n_ctx` cells with this attention (flash attention type and
+    key type, named as in llama_cpp), taking prompts in chunks of `CHUNK` as the engine
+    does."""
+    flash, type_k = attention
     params = llama_cpp.llama_context_default_params()
     params.n_ctx = n_ctx
     params.n_batch = params.n_ubatch = CHUNK
@@ -127,7 +140,7 @@ def _prefill_seconds(llama_cpp: Any, model: Any, prompt: list[int]) -> dict[str,
     seconds: dict[str, float] = {}
     for _ in range(ROUNDS):
         for name in ATTENTION:
-            ctx = _context(llama_cpp, model, name, PREFILL)
+            ctx = _context(llama_cpp, model, ATTENTION[name], PREFILL)
             started = time.perf_counter()
             for start in range(0, PREFILL, CHUNK):
                 chunk = (llama_cpp.llama_token * CHUNK)(*tokens[start : start + CHUNK])
@@ -139,10 +152,13 @@ def _prefill_seconds(llama_cpp: Any, model: Any, prompt: list[int]) -> dict[str,
     return seconds
 
 
-def _one_row_exact_without_flash(llama_cpp: Any, model: Any, prompt: list[int]) -> bool:
-    """Whether, without flash attention, a prompt's last row computed alone (as a decode
-    step computes it) gets the logits it gets inside a chunk: the deterministic
-    configuration needs that, and on some CPUs the one-row path takes other kernels."""
+def _one_row_exact(
+    llama_cpp: Any, model: Any, prompt: list[int], attention: tuple[str, str]
+) -> bool:
+    """Whether, with this attention, a prompt's last row computed alone (as a decode step
+    computes it) gets the logits it gets inside a chunk: the deterministic configuration
+    needs that. Without flash attention, on some CPUs the one-row path takes other kernels;
+    with f16 flash attention, only a build with the row-exact path passes."""
     import numpy as np
 
     tokens = (prompt * (ONE_ROW_CONTEXT // len(prompt) + 1))[:ONE_ROW_CONTEXT]
@@ -150,12 +166,12 @@ def _one_row_exact_without_flash(llama_cpp: Any, model: Any, prompt: list[int]) 
     n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
     rows = []
     for cuts in (whole, [*whole[:-1], whole[-1] - 1, 1]):
-        ctx = _context(llama_cpp, model, "no_flash_f16", 2 * ONE_ROW_CONTEXT)
+        ctx = _context(llama_cpp, model, attention, 2 * ONE_ROW_CONTEXT)
         start = 0
         for size in cuts:  # llama_batch_get_one: logits for the last token only
             chunk = (llama_cpp.llama_token * size)(*tokens[start : start + size])
             if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(chunk, size)):
-                raise SystemExit("llama_decode failed without flash attention")
+                raise SystemExit(f"llama_decode failed with attention {attention}")
             start += size
         logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
         rows.append(logits.copy())
@@ -179,6 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     _no_core_dumps()
+    os.environ.setdefault(ROW_EXACT_ENV, "1")
 
     say(stage="import")
     import llama_cpp
@@ -220,7 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(stage="attention")
         tokens = list(prompt[:n_prompt])
         say(prefill_seconds=_prefill_seconds(llama_cpp, model, tokens))
-        say(one_row_exact_without_flash=_one_row_exact_without_flash(llama_cpp, model, tokens))
+        plain = ATTENTION["no_flash_f16"]
+        say(one_row_exact_without_flash=_one_row_exact(llama_cpp, model, tokens, plain))
+        say(one_row_exact_flash_f16=_one_row_exact(llama_cpp, model, tokens, FLASH_F16))
         llama_cpp.llama_model_free(model)
         return 0
 

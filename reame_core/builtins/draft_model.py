@@ -35,6 +35,7 @@ from reame_core.hooktypes import (
     ModelInfo,
     SequenceView,
 )
+from reame_core.models.shape import KV_TYPE_BYTES, KVType
 from reame_core.settings import Settings
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ class DraftModel:
         from reame_core.models import ModelStore
 
         draft = ModelStore.in_cache_dir(settings.cache_path).resolve(name)
+        type_k, type_v = _kv_types(model.kv_type)
         backend = LlamaBackend(
             draft.path,
             n_ctx_seq=model.n_ctx_seq,
@@ -90,9 +92,11 @@ class DraftModel:
             n_threads=model.n_threads,
             name=draft.name,
             # Load the way the target was: the build check may have ruled out the default,
-            # and the host plan chose the faster attention for this CPU.
+            # and the host plan chose the faster attention for this CPU and its KV types.
             use_extra_bufts=bool(model.extra.get("use_extra_bufts", True)),
             flash_attn=bool(model.extra.get("flash_attn", True)),
+            type_k=type_k,
+            type_v=type_v,
         )
         try:
             check_same_vocabulary(model, backend.info)
@@ -314,3 +318,13 @@ def _argmax_with_confidence(row: np.ndarray) -> tuple[int, float]:
     token = int(np.argmax(row))
     shifted = np.exp(row - row[token])
     return token, float(1.0 / shifted.sum())
+
+
+def _kv_types(kv_type: str) -> tuple[KVType | None, KVType | None]:
+    """The target's KV types from its `ModelInfo.kv_type` ("f16", or "q8_0/f16" where they
+    differ); None for what names no llama.cpp type (a fake backend's), the draft's default."""
+    keys, _, values = kv_type.partition("/")
+    values = values or keys
+    if keys in KV_TYPE_BYTES and values in KV_TYPE_BYTES:
+        return keys, values
+    return None, None

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TextIO
 
 from reame_core.autoconfig.facts import HostFacts, read_host_facts
-from reame_core.autoconfig.plan import HostPlan, plan_host, size
+from reame_core.autoconfig.plan import AttentionFacts, HostPlan, plan_host, size
 from reame_core.backend.attention_timing import cached_timing
 from reame_core.backend.probe import (
     BuildVerdict,
@@ -32,7 +32,11 @@ def config_command(settings: Settings, out: TextIO) -> int:
     model, shape, path = _model_shape(settings)
     build = read_verdict(settings.cache_path, ProbeSubject.here())
     timing = cached_timing(settings.cache_path, build, path) if build and path else None
-    plan = plan_host(settings, facts, shape, needs, attention_facts(timing))
+    attention = attention_facts(timing)
+    if timing is None and build is not None:
+        # Not timed yet (it is on its first run): the row-exact path is the build's own.
+        attention = AttentionFacts(row_exact_flash=build.attention.row_exact_flash)
+    plan = plan_host(settings, facts, shape, needs, attention)
     out.write(render(settings.model, model, facts, plan, build_note(build)))
     return 0
 

@@ -115,11 +115,13 @@ def _attention_lines(verdict: BuildVerdict, settings: Settings) -> list[str]:
     flash, plain = seconds["flash_q8_0_keys"], seconds["no_flash_f16"]
     choice = "on" if flash_attn_choice(settings, attention).value else "off"
     lone_row = "exact" if attention.exact_without_flash else "not exact"
+    rows = "found" if attention.row_exact_flash else "not found (a stock llama.cpp build)"
     return [
         _row("attention", f"a {PREFILL}-token prompt: {flash:.2f} s with flash attention and "
                           f"q8_0 keys, {plain:.2f} s without (a lone row "
                           f"{lone_row} without it); flash attention {choice} for "
                           f"{Path(verdict.model).name} (each model is timed on its first run)"),
+        _row("", f"row-exact flash attention (f16 keys): {rows}"),
     ]  # fmt: skip
 
 

@@ -17,7 +17,9 @@ KVType = Literal["f16", "q8_0"]
 KV_TYPE_BYTES: dict[KVType, float] = {"f16": 2.0, "q8_0": 34 / 32}
 
 
-def stable_attention(flash_attn: bool, type_k: KVType, type_v: KVType) -> bool:
+def stable_attention(
+    flash_attn: bool, type_k: KVType, type_v: KVType, row_exact: bool = False
+) -> bool:
     """Whether attention computes a query row the same way whatever else is in its batch and
     however many threads run it.
 
@@ -26,13 +28,19 @@ def stable_attention(flash_attn: bool, type_k: KVType, type_v: KVType) -> bool:
     and a one-row path that walks the whole cache in order. The first two serve only f16
     keys with f16 values; with keys in q8_0 (or K and V of different types) every row takes
     the one-row path, whose result depends on neither (benchmarks/attention_paths.py).
-    Without flash attention the result depends on neither either, given the chunk grid."""
-    return not flash_attn or type_k != "f16" or type_v != "f16"
+    `row_exact`: the build has the row-exact path (scripts/patches/ggml-fa-row-exact.patch,
+    switched on by `ROW_EXACT_ENV`) and the build check found it exact: every f16 row then
+    takes the tiled kernel's arithmetic. Without flash attention the result depends on
+    neither either, given the chunk grid."""
+    return not flash_attn or row_exact or type_k != "f16" or type_v != "f16"
 
 
-def default_kv_types(deterministic: bool, flash_attn: bool) -> tuple[KVType, KVType]:
+def default_kv_types(
+    deterministic: bool, flash_attn: bool, row_exact: bool = False
+) -> tuple[KVType, KVType]:
     """f16 keys and values; keys in q8_0 where that keeps attention stable."""
-    return ("q8_0" if deterministic and flash_attn else "f16"), "f16"
+    keys: KVType = "q8_0" if deterministic and flash_attn and not row_exact else "f16"
+    return keys, "f16"
 
 
 @dataclass(frozen=True)

@@ -25,12 +25,19 @@ from reame_core.autoconfig.plan import flash_attn_choice
 from reame_core.backend.base import Backend
 from reame_core.backend.llama import LlamaBackend
 from reame_core.backend.probe import BuildVerdict, ensure_build_runs
+from reame_core.backend.probe_child import ROW_EXACT_ENV
 from reame_core.engine.engine import Engine
 from reame_core.engine.governor import Mode
 from reame_core.errors import BuildCannotRunError
 from reame_core.models import resolve_model
+from reame_core.models.shape import KVType, default_kv_types
 from reame_core.request import Event, FinishEvent, GenerationRequest
 from reame_core.settings import Settings, default_cache_dir
+
+# The row-exact attention path for the whole session, as a deterministic server's process
+# has it (ggml reads the switch once): the fast configuration, which keeps ggml's own
+# paths, is checked in a process of its own (test_fast_config.py).
+os.environ.setdefault(ROW_EXACT_ENV, "1")
 
 HERE = Path(__file__).parent
 FETCH_MODELS = HERE.parents[1] / "scripts" / "fetch-models"
@@ -106,16 +113,25 @@ def use_extra_bufts(build_check: BuildVerdict) -> bool:
 
 @pytest.fixture(scope="session")
 def flash_attn(build_check: BuildVerdict) -> bool:
-    """Flash attention as Reame's plan chooses it for SmolLM2 on this CPU: on, with q8_0
-    keys, unless the build check (which times SmolLM2) computed prompts much faster without
-    it and found that path exact (then off, keys and values f16)."""
+    """Flash attention as Reame's plan chooses it for SmolLM2 on this CPU: on (keys f16 with
+    the build's row-exact path, else q8_0), unless the build lacks that path and the build
+    check (which times SmolLM2) computed prompts much faster without it and found that path
+    exact (then off, keys and values f16)."""
     return flash_attn_choice(Settings(), build_check.attention).value
 
 
 @pytest.fixture(scope="session")
-def backend(smollm2_path: Path, use_extra_bufts: bool, flash_attn: bool) -> Iterator[LlamaBackend]:
-    """SmolLM2 in the deterministic configuration this host runs: per-sequence KV, and flash
-    attention as the plan chooses it here (`flash_attn`)."""
+def kv_types(build_check: BuildVerdict, flash_attn: bool) -> tuple[KVType, KVType]:
+    """The KV cache's key and value types the plan takes with that attention."""
+    return default_kv_types(True, flash_attn, build_check.attention.row_exact_flash)
+
+
+@pytest.fixture(scope="session")
+def backend(
+    smollm2_path: Path, use_extra_bufts: bool, flash_attn: bool, kv_types: tuple[KVType, KVType]
+) -> Iterator[LlamaBackend]:
+    """SmolLM2 in the deterministic configuration this host runs: per-sequence KV, and
+    attention as the plan chooses it here (`flash_attn`, `kv_types`)."""
     backend = LlamaBackend(
         smollm2_path,
         n_ctx_seq=1024,
@@ -124,6 +140,8 @@ def backend(smollm2_path: Path, use_extra_bufts: bool, flash_attn: bool) -> Iter
         n_threads=2,
         deterministic=True,
         flash_attn=flash_attn,
+        type_k=kv_types[0],
+        type_v=kv_types[1],
         use_extra_bufts=use_extra_bufts,
     )
     yield backend

@@ -1,16 +1,22 @@
-"""The deterministic configurations' attention: flash attention with keys in q8_0 computes
-every query row along one path, so a token's logits depend neither on the thread count nor
-on how its prompt was cut into chunks (benchmarks/attention_paths.py measures every path).
-Without flash attention (f16 keys and values: the plan's choice where the build check timed
-prompts much faster that way) a prompt cut anywhere must give the same logits too.
+"""The deterministic configurations' attention: flash attention with f16 keys and values on
+the build's row-exact path (the plan's default), and with keys in q8_0 (a stock build's),
+computes every query row along one path, so a token's logits depend neither on the thread
+count nor on how its prompt was cut into chunks (benchmarks/attention_paths.py measures
+every path). Without flash attention (f16 keys and values: the plan's choice on a stock
+build where the build check timed prompts much faster that way) a prompt cut anywhere must
+give the same logits too.
 
-The thread check runs against 600 tokens of context: from 512 cached cells on, ggml's flash
-attention with f16 keys and values splits a lone row's cache among the threads, and its
-result then depends on their number — the control below shows the check reaches that path.
+The thread check runs against 600 tokens of context: from 512 cached cells on, ggml's own
+flash attention with f16 keys and values splits a lone row's cache among the threads, and
+its result then depends on their number — the control below, in a process with the
+row-exact path switched off, shows the check reaches that path.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +26,7 @@ import pytest
 from reame_core.backend.base import Batch
 from reame_core.backend.llama import LlamaBackend
 from reame_core.backend.probe import BuildVerdict
+from reame_core.backend.probe_child import ROW_EXACT_ENV
 from reame_core.models.shape import KVType, stable_attention
 from reame_core.runtime import planned_backend
 from reame_core.settings import Settings
@@ -90,8 +97,25 @@ def test_the_build_check_knows_whether_a_lone_row_is_exact_without_flash_attenti
     assert build_check.attention.exact_without_flash == bool(np.array_equal(whole, alone))
 
 
+def test_the_build_check_finds_the_row_exact_path_in_reames_build(
+    smollm2_path: Path, use_extra_bufts: bool, build_check: BuildVerdict
+) -> None:
+    """scripts/llama-wheel patches every build with it, so the check must find it, and what
+    it found must hold in this process too: a lone row against 600 cells (where ggml's own
+    kernels split the cache between threads) equals the same row inside a chunk."""
+    assert build_check.attention.row_exact_flash
+    f16 = load(smollm2_path, use_extra_bufts, "f16")
+    try:
+        tokens = tokens_for(f16, CONTEXT)
+        whole = logits_in_chunks(f16, tokens, [512, CONTEXT - 512])[-1]
+        alone = logits_in_chunks(f16, tokens, [512, CONTEXT - 513, 1])[-1]
+    finally:
+        f16.close()
+    assert np.array_equal(whole, alone)
+
+
 def test_a_backend_loaded_without_an_engine_takes_the_plans_attention(
-    smollm2_path: Path, flash_attn: bool
+    smollm2_path: Path, flash_attn: bool, kv_types: tuple[KVType, KVType]
 ) -> None:
     """What benchmarks calling llama.cpp directly load: the configuration a server runs."""
     backend = planned_backend(Settings(model=str(smollm2_path), parallel=2, ctx=512))
@@ -99,53 +123,72 @@ def test_a_backend_loaded_without_an_engine_takes_the_plans_attention(
         info = backend.info
         assert (info.n_seq_max, info.n_ctx_seq) == (2, 512)
         assert info.extra["flash_attn"] is flash_attn
-        assert info.kv_type == ("q8_0/f16" if flash_attn else "f16")
+        keys, values = kv_types
+        assert info.kv_type == (keys if keys == values else f"{keys}/{values}")
     finally:
         backend.close()
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["flash-q8_0-keys", "no-flash"])
+CONFIGURATIONS = {"flash-row-exact": (True, "f16"), "flash-q8_0-keys": (True, None)}
+
+
+@pytest.fixture(scope="module", params=[*CONFIGURATIONS, "no-flash"])
 def deterministic(
     request: pytest.FixtureRequest, smollm2_path: Path, use_extra_bufts: bool
 ) -> Iterator[LlamaBackend]:
-    """Both deterministic attention configurations, whichever the plan picks on this CPU."""
-    backend = load(smollm2_path, use_extra_bufts, None, flash_attn=request.param)
+    """Every deterministic attention configuration, whichever the plan picks on this CPU."""
+    flash_attn, type_k = CONFIGURATIONS.get(request.param, (False, None))
+    backend = load(smollm2_path, use_extra_bufts, type_k, flash_attn=flash_attn)
     yield backend
     backend.close()
 
 
-def test_the_default_is_flash_attention_with_q8_0_keys(
-    smollm2_path: Path, use_extra_bufts: bool
+def test_the_default_is_flash_attention_with_f16_keys_on_the_row_exact_path(
+    kv_types: tuple[KVType, KVType], flash_attn: bool
 ) -> None:
-    default = load(smollm2_path, use_extra_bufts, None)
-    try:
-        assert default.flash_attn
-        assert default.info.kv_type == "q8_0/f16"
-    finally:
-        default.close()
+    assert flash_attn and kv_types == ("f16", "f16")
+    assert stable_attention(True, "f16", "f16", row_exact=True)
     assert stable_attention(True, "q8_0", "f16")
     assert not stable_attention(True, "f16", "f16")
 
 
+@pytest.mark.parametrize("type_k", ["f16", "q8_0"])
 def test_a_token_gets_the_same_logits_with_one_thread_as_with_two(
-    smollm2_path: Path, use_extra_bufts: bool
+    smollm2_path: Path, use_extra_bufts: bool, type_k: KVType
 ) -> None:
-    default = load(smollm2_path, use_extra_bufts, None)
+    backend = load(smollm2_path, use_extra_bufts, type_k)
     try:
-        one, two = one_token_after_context(default, 1), one_token_after_context(default, 2)
+        one, two = one_token_after_context(backend, 1), one_token_after_context(backend, 2)
     finally:
-        default.close()
+        backend.close()
     assert np.array_equal(one, two)
 
-    # The control: f16 keys and values take the thread-split path here, and differ.
-    f16 = load(smollm2_path, use_extra_bufts, "f16")
-    try:
-        differs = not np.array_equal(
-            one_token_after_context(f16, 1), one_token_after_context(f16, 2)
-        )
-    finally:
-        f16.close()
-    assert differs, "f16 flash attention no longer depends on threads: revisit the q8_0 keys"
+
+CONTROL = """
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from test_attention_paths import load, one_token_after_context
+backend = load(sys.argv[2], sys.argv[3] == "True", "f16")
+one, two = one_token_after_context(backend, 1), one_token_after_context(backend, 2)
+print("differs" if not np.array_equal(one, two) else "equal")
+"""
+
+
+def test_the_control_ggmls_own_f16_paths_depend_on_the_thread_count(
+    smollm2_path: Path, use_extra_bufts: bool
+) -> None:
+    """In a process with the row-exact path switched off, f16 keys and values take the
+    thread-split path and differ: the check above reaches the path it guards against."""
+    done = subprocess.run(
+        [sys.executable, "-c", CONTROL, str(Path(__file__).parent), str(smollm2_path),
+         str(use_extra_bufts)],
+        env={**os.environ, ROW_EXACT_ENV: "0"},
+        capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    assert done.stdout.strip().splitlines()[-1] == "differs", (
+        "ggml's f16 flash attention no longer depends on threads: revisit the row-exact path"
+    )
 
 
 @pytest.mark.parametrize("tail", [1, 2, 8, 63, 64, 65])

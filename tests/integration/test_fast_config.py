@@ -4,10 +4,17 @@ llama.cpp does not promise that a sequence's logits here are independent of its 
 neighbours, so concurrent and serial greedy runs may part ways, but only at a near-tie of
 the serial run and rarely (see near_tie.py; on the AVX-512 build measured there, batching
 changed no logit at all).
+
+The fast configuration runs ggml's own attention paths: a `--no-deterministic` server never
+switches the row-exact path on. The suite's own process has it on (conftest.py), and ggml
+reads the switch once, so the check runs in a pytest process of its own with it off.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -16,6 +23,7 @@ from near_tie import BATCH_FLIP_RATE, TOP, assert_near_ties, plain_run
 
 from reame_core.backend.base import Backend
 from reame_core.backend.llama import LlamaBackend
+from reame_core.backend.probe_child import ROW_EXACT_ENV
 from reame_core.chat import encode_chat
 from reame_core.engine.engine import Engine
 from reame_core.request import FinishEvent, GenerationRequest, SamplingParams
@@ -40,6 +48,21 @@ def fast_backend(smollm2_path: Path, use_extra_bufts: bool) -> Iterator[LlamaBac
     backend.close()
 
 
+def test_the_fast_configuration_in_a_process_with_ggmls_own_attention() -> None:
+    if os.environ.get(ROW_EXACT_ENV) == "0":
+        pytest.skip("this is that process")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+        env={**os.environ, ROW_EXACT_ENV: "0"},
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "1 passed" in done.stdout, done.stdout[-1000:]
+
+
+@pytest.mark.skipif(
+    os.environ.get(ROW_EXACT_ENV) != "0", reason="runs in a process with ggml's own attention"
+)
 def test_concurrent_greedy_runs_follow_serial_runs_but_at_near_ties(
     questions: tuple[str, ...],
     fast_backend: LlamaBackend,

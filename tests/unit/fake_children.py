@@ -37,6 +37,8 @@ TIMES_LEVEL = _REPORT + textwrap.dedent("""
 TIMES_FLASH_SLOW = TIMES_LEVEL.replace('"flash_q8_0_keys": 1.0', '"flash_q8_0_keys": 4.0')
 # ... and a row computed alone without flash attention differs from the row in a chunk.
 TIMES_FLASH_SLOW_INEXACT = TIMES_FLASH_SLOW.replace("=True)", "=False)")
+# ... and the build has the row-exact path: f16 flash attention computes a lone row exactly.
+TIMES_FLASH_SLOW_ROW_EXACT = TIMES_FLASH_SLOW + "say(one_row_exact_flash_f16=True)\n"
 HANGS_TIMING_ATTENTION = _REPORT + textwrap.dedent("""
     import time
     say(stage="import")

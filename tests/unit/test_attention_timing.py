@@ -5,6 +5,7 @@ loaded."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from fake_children import (
     HANGS_TIMING_ATTENTION,
     TIMES_FLASH_SLOW,
     TIMES_FLASH_SLOW_INEXACT,
+    TIMES_FLASH_SLOW_ROW_EXACT,
     TIMES_LEVEL,
     FakeChildren,
     InstallChildren,
@@ -29,6 +31,7 @@ from reame_core.backend.probe import (
     attention_facts,
     check_build,
 )
+from reame_core.cli.config import config_command
 from reame_core.models.registry import CARDS
 from reame_core.settings import Settings
 
@@ -122,7 +125,12 @@ def children(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> InstallChildren
 
 @pytest.mark.parametrize(
     ("timing", "flash_attn"),
-    [(TIMES_LEVEL, True), (TIMES_FLASH_SLOW, False), (TIMES_FLASH_SLOW_INEXACT, True)],
+    [
+        (TIMES_LEVEL, True),
+        (TIMES_FLASH_SLOW, False),
+        (TIMES_FLASH_SLOW_INEXACT, True),
+        (TIMES_FLASH_SLOW_ROW_EXACT, True),
+    ],
 )
 def test_the_plan_follows_the_models_own_timing(
     tmp_path: Path,
@@ -143,3 +151,19 @@ def test_the_plan_follows_the_models_own_timing(
 
     assert build.attention.prompt_gain_without_flash == 4.0
     assert plan.flash_attn.value is flash_attn
+
+
+def test_config_of_a_model_not_timed_yet_takes_the_builds_row_exact_path(
+    tmp_path: Path, children: InstallChildren
+) -> None:
+    """`reame config` never runs a child: a model without a timing of its own is planned
+    with the row-exact path where the build check found it (a property of the build)."""
+    children(DECODES, timing=TIMES_FLASH_SLOW_ROW_EXACT)
+    runtime.ensure_build_runs(Settings(cache_dir=tmp_path))
+    out = io.StringIO()
+
+    config_command(Settings(model="qwen2.5-7b", cache_dir=tmp_path), out)
+
+    lines = {line.split()[0]: line for line in out.getvalue().splitlines() if line.strip()}
+    assert "row-exact" in lines["flash_attn"]
+    assert "q8_0" not in lines["kv_type"]

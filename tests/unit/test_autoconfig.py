@@ -334,6 +334,37 @@ def test_the_attention_timing_overrules_neither_the_settings_nor_fast_mode() -> 
         assert result.flash_attn.value
 
 
+ROW_EXACT = AttentionFacts(prompt_gain_without_flash=4.4, exact_without_flash=True,
+                           row_exact_flash=True)  # fmt: skip
+
+
+def test_a_build_with_the_row_exact_path_runs_flash_attention_with_f16_keys() -> None:
+    """Even where prompts ran faster without flash attention: that timing was against q8_0
+    keys, and the row-exact path computes prompts with the tiled kernel."""
+    result = plan_host(Settings(), SERVER_16, QWEN_15B, attention=ROW_EXACT)
+
+    assert result.flash_attn.value
+    assert "row-exact" in result.flash_attn.why
+    assert (result.kv_type_k.value, result.kv_type_v.value) == ("f16", "f16")
+
+
+def test_the_row_exact_path_yields_to_q8_0_keys_set_in_the_settings_and_to_tight_memory() -> None:
+    result = plan_host(Settings(kv_type="q8_0"), SERVER_16, QWEN_15B, attention=ROW_EXACT)
+    assert result.flash_attn.value and result.kv_type_k.value == "q8_0"
+
+    tight = plan_host(Settings(), host(free_gb=1.9), QWEN_15B, attention=ROW_EXACT)
+    assert tight.flash_attn.value
+    assert (tight.kv_type_k.value, tight.kv_type_v.value) == ("q8_0", "q8_0")
+
+
+def test_f16_set_in_the_settings_keeps_flash_attention_where_rows_are_exact() -> None:
+    result = plan_host(Settings(kv_type="f16"), SERVER_16, QWEN_15B, attention=ROW_EXACT)
+    assert result.flash_attn.value and result.kv_type_k.value == "f16"
+
+    stock = plan_host(Settings(kv_type="f16"), SERVER_16, QWEN_15B, attention=FASTER_AND_EXACT)
+    assert not stock.flash_attn.value
+
+
 def test_without_flash_attention_tight_memory_quantizes_the_keys_alone() -> None:
     result = plan_host(Settings(), host(free_gb=1.9), QWEN_15B, attention=FASTER_AND_EXACT)
 

@@ -11,6 +11,7 @@ from fake_children import (
     DECODES,
     DIES_WITH_SIGILL_IN_DECODE,
     TIMES_FLASH_SLOW,
+    TIMES_FLASH_SLOW_ROW_EXACT,
     InstallChildren,
     install_children,
 )
@@ -128,3 +129,16 @@ def test_doctor_prints_the_attention_timing_and_the_default_it_gives(
         "without (a lone row exact without it); flash attention off for embedded.gguf (each "
         "model is timed on its first run)"
     ) in out.getvalue()
+    assert "row-exact flash attention (f16 keys): not found" in out.getvalue()
+
+
+def test_doctor_says_where_the_build_has_the_row_exact_path(
+    settings: Settings, children: InstallChildren
+) -> None:
+    children(DECODES, timing=TIMES_FLASH_SLOW_ROW_EXACT)
+    out = io.StringIO()
+
+    doctor_command(settings, out)
+
+    assert "flash attention on for embedded.gguf" in out.getvalue()
+    assert "row-exact flash attention (f16 keys): found" in out.getvalue()
