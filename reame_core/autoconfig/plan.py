@@ -232,7 +232,7 @@ def flash_attn_choice(settings: Settings, attention: AttentionFacts = UNTIMED) -
         return Choice(
             True,
             "this build's row-exact path computes every row with the tiled kernel, keys and "
-            "values f16 (checked for this model): deterministic, and the fastest here",
+            "values f16 (found by the build check): deterministic, and the fastest here",
         )
     if kv_type is not None and not stable_attention(True, kv_type, kv_type):
         return Choice(
