@@ -1,5 +1,6 @@
-"""Which of llama.cpp's CPU paths give a token the same logits: flash attention off, on, and
-on with keys cached as q8_0 (values f16).
+"""Which of llama.cpp's CPU paths give a token the same logits: flash attention off, on with
+f16 keys and values (ggml's own paths, and the row-exact path Reame's build is patched
+with), and on with keys cached as q8_0 (values f16).
 
 Reame promises that a greedy request's tokens do not depend on its batch neighbours, on what
 the cache held, or on how many threads the host could spare at that moment. Each check below
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,16 +33,23 @@ TAILS = (1, 2, 8, 32, 63, 64, 65, 128)
 STRIDES = (2, 5, 9, 33, 64)
 
 
-# --child NAME: flash attention, K type
-CONFIGS = {"off": (False, "f16"), "on": (True, "f16"), "on-k8": (True, "q8_0")}
+# --child NAME: flash attention, K type, the row-exact path switched on
+CONFIGS = {
+    "off": (False, "f16", False),
+    "on": (True, "f16", False),
+    "on-rows": (True, "f16", True),
+    "on-k8": (True, "q8_0", False),
+}
 
 
 def measure(model: str | None, config: str) -> dict[str, Any]:
+    flash_attn, type_k, row_exact = CONFIGS[config]
+    os.environ["GGML_FA_ROW_EXACT"] = "1" if row_exact else "0"  # before llama.cpp computes
+
     from reame_core.backend.base import Batch
     from reame_core.backend.llama import LlamaBackend
     from reame_core.models import resolve_model
 
-    flash_attn, type_k = CONFIGS[config]
     backend = LlamaBackend(
         resolve_model(model).path,
         n_ctx_seq=1024,
@@ -110,6 +119,7 @@ def main() -> None:
     report: dict[str, Any] = {
         "flash_attn_off": in_child(__file__, "off", *extra),
         "flash_attn_on": in_child(__file__, "on", *extra),
+        "flash_attn_on_row_exact": in_child(__file__, "on-rows", *extra),
         "flash_attn_on_keys_q8_0": in_child(__file__, "on-k8", *extra),
         "model": args.model or "smollm2-135m (embedded, Q4_1)",
         "host": host_description(),

@@ -1,18 +1,24 @@
 """What repeatable outputs cost, and what the fastest settings get wrong.
 
     perseq-fa-off: one KV stream per sequence, flash attention off
-    perseq-fa-on:  one KV stream per sequence, flash attention on
-    perseq-fa-on-k8: the same with keys cached as q8_0 (values f16), Reame's default: keys
-                   in q8_0 keep ggml's flash attention on its one-row path (a query row at
-                   a time over the whole cache, whatever the batch or the thread count)
+    perseq-fa-on-rows: one KV stream per sequence, flash attention on, keys and values f16,
+                   on the row-exact path (scripts/patches/ggml-fa-row-exact.patch): Reame's
+                   default where the build has it (every row takes the tiled kernel)
+    perseq-fa-on:  one KV stream per sequence, flash attention on, ggml's own paths
+    perseq-fa-on-k8: the same with keys cached as q8_0 (values f16), Reame's default on a
+                   stock build: keys in q8_0 keep ggml's flash attention on its one-row path
+                   (a query row at a time over the whole cache, whatever the batch or the
+                   thread count)
     perseq-fa-on-k8-norepack: the same, the weights loaded without ggml's repacked layouts
                    (`use_extra_bufts` off), whose kernels compute four rows at a time
     perseq-fa-on-v8: the same with values cached as q8_0 (keys f16)
-    unified-fa-on: one KV buffer shared by all sequences, flash attention on (llama.cpp's
-                   fastest settings)
+    unified-fa-on: one KV buffer shared by all sequences, flash attention on, ggml's own
+                   paths (llama.cpp's fastest settings)
 
 For each: prompt processing rate (one prefill, 512 tokens unless --prompt-tokens, in calls
-of 512), engine decode rate with one stream and the aggregate with eight, alternating
+of 512), engine decode rate with one stream and the aggregate with eight, and (mode
+decode-ctx) one stream's rate over 128 greedy tokens decoded straight on the context after
+that prefill (no engine: what attention over a long cache costs), alternating
 configurations, each measurement in its own process. Then, per configuration, how many of
 eight concurrent greedy requests differ from the same requests run one at a time, whether a
 request reusing another's cached prefix gives the tokens it gives cold, and how many of the
@@ -22,13 +28,14 @@ verifying path that drifts meets near-ties); the drafted tokens accepted are cou
 check that drafted nothing shows.
 
     .venv/bin/python benchmarks/determinism_cost.py [--reps 3] [--threads 2] [--model M]
-        [--configs A,B] [--modes prompt,decode1,decode8,agree] [--prompt-tokens N]
+        [--configs A,B] [--modes prompt,decode1,decode8,decode-ctx,agree] [--prompt-tokens N]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import threading
@@ -37,14 +44,16 @@ import time
 from reame_core.hookspecs import hookimpl
 from reame_core.hooktypes import DraftProposal, DraftRequest
 
-# name: (one KV stream per sequence, flash attention, K type, V type, repacked weights)
+# name: (one KV stream per sequence, flash attention, K type, V type, repacked weights,
+# the row-exact path switched on)
 CONFIGS = {
-    "perseq-fa-off": (True, False, "f16", "f16", True),
-    "perseq-fa-on": (True, True, "f16", "f16", True),
-    "perseq-fa-on-k8": (True, True, "q8_0", "f16", True),
-    "perseq-fa-on-k8-norepack": (True, True, "q8_0", "f16", False),
-    "perseq-fa-on-v8": (True, True, "f16", "q8_0", True),
-    "unified-fa-on": (False, True, "f16", "f16", True),
+    "perseq-fa-off": (True, False, "f16", "f16", True, False),
+    "perseq-fa-on-rows": (True, True, "f16", "f16", True, True),
+    "perseq-fa-on": (True, True, "f16", "f16", True, False),
+    "perseq-fa-on-k8": (True, True, "q8_0", "f16", True, False),
+    "perseq-fa-on-k8-norepack": (True, True, "q8_0", "f16", False, False),
+    "perseq-fa-on-v8": (True, True, "f16", "q8_0", True, False),
+    "unified-fa-on": (False, True, "f16", "f16", True, False),
 }
 QUESTIONS = [
     "Name a large animal.",
@@ -80,6 +89,9 @@ class AnswerKey:
 def child(
     mode: str, config: str, threads: int, model_name: str | None, prompt_tokens: int
 ) -> dict[str, float]:
+    per_seq, flash_attn, type_k, type_v, repacked, row_exact = CONFIGS[config]
+    os.environ["GGML_FA_ROW_EXACT"] = "1" if row_exact else "0"  # before llama.cpp computes
+
     from reame_core.backend.base import Batch
     from reame_core.backend.llama import LlamaBackend
     from reame_core.chat import encode_chat
@@ -89,7 +101,6 @@ def child(
     from reame_core.request import GenerationRequest, SamplingParams
 
     model = resolve_model(model_name)
-    per_seq, flash_attn, type_k, type_v, repacked = CONFIGS[config]
     backend = LlamaBackend(
         model.path,
         n_ctx_seq=max(1024, prompt_tokens),
@@ -102,7 +113,7 @@ def child(
         type_v=type_v,
         use_extra_bufts=repacked,
     )
-    if mode == "prompt":
+    if mode in ("prompt", "decode-ctx"):
         text = " ".join(f"word{i}" for i in range(prompt_tokens))
         tokens = backend.tokenize(text, add_special=True, parse_special=False)[:prompt_tokens]
         chunks = []  # calls of at most 512 tokens, as the engine makes them
@@ -115,8 +126,16 @@ def child(
         backend.seq_rm(0, -1, -1)
         started = time.perf_counter()
         for batch in chunks:
-            backend.decode(batch)
-        return {"tok_s": len(tokens) / (time.perf_counter() - started)}
+            logits = backend.decode(batch)
+        if mode == "prompt":
+            return {"tok_s": len(tokens) / (time.perf_counter() - started)}
+        position, token = len(tokens), int(logits[-1].argmax())
+        started = time.perf_counter()
+        for _ in range(128):
+            batch = Batch()
+            batch.add(token, position, 0, True)
+            token, position = int(backend.decode(batch)[-1].argmax()), position + 1
+        return {"tok_s": 128 / (time.perf_counter() - started)}
 
     engine = Engine(backend, speculate="off").start()  # batching alone, no drafts
     prompts = [encode_chat(backend.info, [{"role": "user", "content": q}]) for q in QUESTIONS]
@@ -223,7 +242,7 @@ def main() -> None:
     # Ratios against llama.cpp's fastest settings when they are measured, else the first.
     baseline = "unified-fa-on" if "unified-fa-on" in names else names[0]
     reference = "fastest" if baseline == "unified-fa-on" else baseline
-    for mode in [m for m in ("prompt", "decode1", "decode8") if m in modes]:
+    for mode in [m for m in ("prompt", "decode1", "decode8", "decode-ctx") if m in modes]:
         rates: dict[str, list[float]] = {config: [] for config in names}
         for _ in range(args.reps):
             for config in names:
@@ -276,6 +295,7 @@ def main() -> None:
         "prompt": f"prompt tok/s ({args.prompt_tokens}-token prefill)",
         "decode1": "decode tok/s, 1 stream",
         "decode8": "decode tok/s, 8 streams aggregate",
+        "decode-ctx": f"decode tok/s after the {args.prompt_tokens}-token prefill, no engine",
     }
     for row in rows:
         cells = [f"{row[f'{c}_tok_s']} ({float(row[f'{c}_vs_{reference}']):.2f})" for c in names]
