@@ -365,8 +365,12 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from common import Resident, measure, median_ratio, write_report
 
+    from reame_core.models import resolve_model
+
     script = str(Path(__file__))
-    extra = ["--threads", str(args.threads), *(["--model", args.model] if args.model else [])]
+    # An alias resolves in the user's cache directory; the passes run on empty ones.
+    model = str(resolve_model(args.model).path) if args.model else None
+    extra = ["--threads", str(args.threads), *(["--model", model] if model else [])]
 
     def run(config: str, texts_name: str, archive: Path) -> dict[str, Any]:
         return measure(script, config, texts_name, str(archive), *extra)
