@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from reame_core.backend.probe_child import ROW_EXACT_ENV
+
 TAILS = (1, 2, 8, 32, 63, 64, 65, 128)
 STRIDES = (2, 5, 9, 33, 64)
 
@@ -44,7 +46,7 @@ CONFIGS = {
 
 def measure(model: str | None, config: str) -> dict[str, Any]:
     flash_attn, type_k, row_exact = CONFIGS[config]
-    os.environ["GGML_FA_ROW_EXACT"] = "1" if row_exact else "0"  # before llama.cpp computes
+    os.environ[ROW_EXACT_ENV] = "1" if row_exact else "0"  # before llama.cpp computes
 
     from reame_core.backend.base import Batch
     from reame_core.backend.llama import LlamaBackend

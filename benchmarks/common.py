@@ -21,6 +21,8 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from reame_core.backend.probe_child import ROW_EXACT_ENV
+
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -123,7 +125,7 @@ def stock_environment() -> dict[str, str]:
     """This process's environment without Reame's switch of its row-exact attention path
     (set by any process that loaded llama.cpp through Reame): llama-server, built from the
     same patched source, then runs llama.cpp's own kernels, as its users run it."""
-    return {name: value for name, value in os.environ.items() if name != "GGML_FA_ROW_EXACT"}
+    return {name: value for name, value in os.environ.items() if name != ROW_EXACT_ENV}
 
 
 @contextmanager

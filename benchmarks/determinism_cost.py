@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 
+from reame_core.backend.probe_child import ROW_EXACT_ENV
 from reame_core.hookspecs import hookimpl
 from reame_core.hooktypes import DraftProposal, DraftRequest
 
@@ -90,7 +91,7 @@ def child(
     mode: str, config: str, threads: int, model_name: str | None, prompt_tokens: int
 ) -> dict[str, float]:
     per_seq, flash_attn, type_k, type_v, repacked, row_exact = CONFIGS[config]
-    os.environ["GGML_FA_ROW_EXACT"] = "1" if row_exact else "0"  # before llama.cpp computes
+    os.environ[ROW_EXACT_ENV] = "1" if row_exact else "0"  # before llama.cpp computes
 
     from reame_core.backend.base import Batch
     from reame_core.backend.llama import LlamaBackend
