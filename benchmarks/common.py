@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from reame_core.backend.probe_child import ROW_EXACT_ENV
+from reame_core.backend.probe_child import AMX_ROWS_ENV, ROW_EXACT_ENV
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -122,10 +122,12 @@ def wait_healthy(url: str, seconds: float = 60.0) -> bool:
 
 
 def stock_environment() -> dict[str, str]:
-    """This process's environment without Reame's switch of its row-exact attention path
-    (set by any process that loaded llama.cpp through Reame): llama-server, built from the
-    same patched source, then runs llama.cpp's own kernels, as its users run it."""
-    return {name: value for name, value in os.environ.items() if name != ROW_EXACT_ENV}
+    """This process's environment without Reame's switches of its build's patched kernels
+    (row-exact attention, AMX row kernels; set by any process that loaded llama.cpp through
+    Reame): llama-server, built from the same patched source, then runs llama.cpp's own
+    kernels, as its users run it."""
+    switches = (ROW_EXACT_ENV, AMX_ROWS_ENV)
+    return {name: value for name, value in os.environ.items() if name not in switches}
 
 
 @contextmanager

@@ -11,6 +11,13 @@
 # 4.1x the prompt rate on SmolLM2 and 1.4x on Qwen2.5-Coder-1.5B (docs/BENCHMARKS.md).
 # Elsewhere, or with REAME_NO_AMX=1, AMX is left out of the build.
 #
+# On a CPU with AMX the source also gets patches/ggml-amx-row-kernels.patch: ggml sends a
+# product of one row through its VNNI kernel and anything larger through AMX tiles, which
+# cost as much for 2 rows as for 16 (verifying a draft of one token cost 1.5x a plain step on
+# SmolLM2, 1.6x on Qwen2.5-Coder-1.5B). The patch lets products of up to GGML_AMX_VNNI_ROWS
+# rows use the row kernels, B unpacked once for up to four rows; every row is computed as a
+# one-row product computes it. Reame sets the switch; llama-server keeps ggml's own choice.
+#
 # On every host the source gets patches/ggml-fa-row-exact.patch: a flash attention path that
 # computes every query row the same way whatever its batch and thread count, taken only when
 # GGML_FA_ROW_EXACT=1 is set (Reame's deterministic configuration sets it; llama-server,
@@ -22,7 +29,7 @@ cmake_args="-DGGML_NATIVE=ON"
 patches=("$here/patches/ggml-fa-row-exact.patch")
 if [[ $(uname -m) == x86_64 ]]; then
     if [[ " $cpu_flags " == *" amx_int8 "* && ${REAME_NO_AMX:-0} != 1 ]]; then
-        patches+=("$here/patches/ggml-amx-tile-config.patch")
+        patches+=("$here/patches/ggml-amx-tile-config.patch" "$here/patches/ggml-amx-row-kernels.patch")
     else
         # GCC honours -mno-amx-* after -march=native.
         no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"

@@ -29,7 +29,7 @@ from reame_core.backend.base import (
     equal_split_passes,
     simple_split_passes,
 )
-from reame_core.backend.probe_child import ROW_EXACT_ENV
+from reame_core.backend.probe_child import AMX_ROWS, AMX_ROWS_ENV, ROW_EXACT_ENV
 from reame_core.errors import ModelLoadError
 from reame_core.hooktypes import FimTokens, ModelInfo
 from reame_core.models.shape import KVType, ModelShape, default_kv_types
@@ -285,6 +285,10 @@ class LlamaBackend:
         self.path = Path(path)
         if not self.path.is_file():
             raise ModelLoadError(f"Model file not found: {self.path}")
+        # Products of a few rows (drafts verified, sequences decoded together) through the
+        # AMX build's row kernels: bit-identical rows, faster than AMX tiles. Before the
+        # first product, as ggml reads it once; GGML_AMX_VNNI_ROWS=1 keeps ggml's choice.
+        os.environ.setdefault(AMX_ROWS_ENV, str(AMX_ROWS))
         model_params = llama_cpp.llama_model_default_params()
         # False keeps weights out of CPU_REPACK and AMX buffers: the build check's fallback
         # where the default load crashes (reame_core/backend/probe.py).

@@ -32,6 +32,13 @@ MARK = "reame-probe "
 # query row the same way whatever its batch. ggml reads it once, at the first attention it
 # computes, so it is set before any model runs, in this child as in Reame's own process.
 ROW_EXACT_ENV = "GGML_FA_ROW_EXACT"
+# The switch of the row kernels that Reame's build gives ggml's AMX matrix products
+# (scripts/patches/ggml-amx-row-kernels.patch): a product of up to this many rows computes
+# each row as a product of one row does, instead of in AMX tiles that cost as much for two
+# rows as for sixteen. Draft verification and batched decoding are products of a few rows.
+# Read once per process; builds without AMX, or without the patch, ignore it.
+AMX_ROWS_ENV = "GGML_AMX_VNNI_ROWS"
+AMX_ROWS = 12  # measured: 12-row products cost the same either way on SmolLM2 and Qwen 1.5B
 # At least two threads, so that ggml's worker threads run kernels too (the AMX crash happens
 # in them, not in the calling thread); no more, so the check costs the same on any host.
 THREADS = 2
