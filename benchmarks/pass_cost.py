@@ -8,12 +8,20 @@ types, one KV stream per sequence), a 300-token prompt is computed, then passes 
 tokens are appended after it and taken back, alternating sizes, with logits for every row
 (as verification asks) and for the last row only. Medians over the repetitions.
 
+With --compare-amx-tiles (a CPU with AMX): the same in fresh processes, alternating, with
+Reame's setting of the AMX row kernels (`AMX_ROWS_ENV`, scripts/patches/ggml-amx-row-kernels.patch)
+and with ggml's own choice (the switch at 1: every product of two rows or more in AMX tiles);
+`--rounds` processes of each, medians over all their repetitions.
+
     .venv/bin/python benchmarks/pass_cost.py [--model PATH] [--reps 7] [--name pass_cost]
+    .venv/bin/python benchmarks/pass_cost.py --compare-amx-tiles [--rounds 3] [--reps 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import sys
 import time
@@ -57,21 +65,20 @@ def pass_seconds(
     return {key: statistics.median(values) for key, values in seconds.items()}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", help="model alias or .gguf path (default: embedded)")
-    parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--name", default="pass_cost", help="results file name (no extension)")
-    args = parser.parse_args()
+CONFIGS = {"row-kernels": None, "ggml-tiles": "1"}  # the AMX switch's value (None: Reame's)
 
-    from common import write_report
 
-    from reame_core.models import resolve_model
-    from reame_core.settings import Settings
+def child(model: str, threads: int, reps: int, config: str) -> None:
+    """One configuration in this fresh process: its pass seconds, as one JSON line."""
+    from reame_core.backend.probe_child import AMX_ROWS_ENV
 
-    model = resolve_model(args.model or Settings().model)
-    seconds = pass_seconds(model.path, args.threads, args.reps)
+    if CONFIGS[config] is not None:
+        os.environ[AMX_ROWS_ENV] = CONFIGS[config]  # before llama.cpp computes anything
+    seconds = pass_seconds(Path(model), threads, reps)
+    print(json.dumps({"seconds": [[n, rows, t] for (n, rows), t in seconds.items()]}))
+
+
+def table_of(seconds: dict[tuple[int, str], float]) -> list[dict[str, float]]:
     one = seconds[(1, "all")]
     table = []
     for n in SIZES:
@@ -86,18 +93,62 @@ def main() -> None:
                 "best_gain_if_every_draft_token_is_right": round(n * one / all_rows, 2),
             }
         )
-        print(table[-1], flush=True)
-    path = write_report(
-        args.name,
-        {
-            "model": model.path.name,
-            "threads": args.threads,
-            "reps": args.reps,
-            "command": " ".join(["python", "benchmarks/pass_cost.py", *sys.argv[1:]]),
-            "passes": table,
-        },
-    )
-    print(path)
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", help="model alias or .gguf path (default: embedded)")
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--compare-amx-tiles", action="store_true")
+    parser.add_argument("--rounds", type=int, default=3, help="processes per configuration")
+    parser.add_argument("--name", default="pass_cost", help="results file name (no extension)")
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        model, threads, reps, config = args.child
+        child(model, int(threads), int(reps), config)
+        return
+
+    from common import measure, write_report
+
+    from reame_core.models import resolve_model
+    from reame_core.settings import Settings
+
+    model = resolve_model(args.model or Settings().model)
+    report: dict[str, object] = {
+        "model": model.path.name,
+        "threads": args.threads,
+        "reps": args.reps,
+        "command": " ".join(["python", "benchmarks/pass_cost.py", *sys.argv[1:]]),
+    }
+    if not args.compare_amx_tiles:
+        table = table_of(pass_seconds(model.path, args.threads, args.reps))
+        for row in table:
+            print(row, flush=True)
+        report["passes"] = table
+    else:
+        samples: dict[str, dict[tuple[int, str], list[float]]] = {c: {} for c in CONFIGS}
+        for _ in range(args.rounds):
+            for config in CONFIGS:
+                found = measure(
+                    __file__, str(model.path), str(args.threads), str(args.reps), config
+                )
+                for n, rows, seconds in found["seconds"]:
+                    samples[config].setdefault((n, rows), []).append(seconds)
+        tables = {
+            config: table_of({key: statistics.median(v) for key, v in by_size.items()})
+            for config, by_size in samples.items()
+        }
+        report["rounds"] = args.rounds
+        report["passes"] = tables
+        report["tiles_over_row_kernels"] = {
+            row["tokens"]: round(tiles["ms_logits_every_row"] / row["ms_logits_every_row"], 3)
+            for row, tiles in zip(tables["row-kernels"], tables["ggml-tiles"], strict=True)
+        }
+        print(json.dumps(report["tiles_over_row_kernels"]))
+    print(write_report(args.name, report))
 
 
 if __name__ == "__main__":
