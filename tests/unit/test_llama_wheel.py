@@ -74,6 +74,7 @@ def test_an_amx_host_builds_with_the_patches_and_amx_left_in(tmp_path: Path) -> 
     assert [Path(p).name for p in patches] == [
         "ggml-fa-row-exact.patch",
         "ggml-amx-tile-config.patch",
+        "ggml-amx-row-kernels.patch",  # applies on top of the tile configuration's
     ]
     assert all(Path(p).is_file() for p in patches)
     assert "-mno-amx" not in cmake_args
