@@ -13,10 +13,11 @@
 #
 # On a CPU with AMX the source also gets patches/ggml-amx-row-kernels.patch: ggml sends a
 # product of one row through its VNNI kernel and anything larger through AMX tiles, which
-# cost as much for 2 rows as for 16 (verifying a draft of one token cost 1.5x a plain step on
-# SmolLM2, 1.6x on Qwen2.5-Coder-1.5B). The patch lets products of up to GGML_AMX_VNNI_ROWS
-# rows use the row kernels, B unpacked once for up to four rows; every row is computed as a
-# one-row product computes it. Reame sets the switch; llama-server keeps ggml's own choice.
+# cost as much for 2 rows as for 16 (verifying a draft of one token cost 1.4-1.5x a plain step
+# on SmolLM2, 1.6x on Qwen2.5-Coder-1.5B). The patch lets products of up to GGML_AMX_VNNI_ROWS
+# rows use the row kernels, B unpacked once for up to 4 rows (Q4_1) or 8 (Q4_K, Q6_K); every
+# row is computed as a one-row product computes it. Reame sets the switch; llama-server keeps
+# ggml's own choice.
 #
 # On every host the source gets patches/ggml-fa-row-exact.patch: a flash attention path that
 # computes every query row the same way whatever its batch and thread count, taken only when

@@ -17,18 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reame_core.backend.probe import BuildVerdict
+from reame_core.backend.probe import BuildVerdict, cpu_flags
 from reame_core.backend.probe_child import AMX_ROWS, AMX_ROWS_ENV
 
 PASSES = (1, 2, 3, 4, 5, 8, 12, 13)  # rows per pass: the row kernels, and tiles beyond them
 PROMPT = 40
 FOLLOWING = 26  # tokens after the prompt: two passes of 13
 COMPARED = 24  # rows every pass size covers
-
-
-def _has_amx() -> bool:
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return " amx_int8" in flags
 
 
 def _logits_by_pass(model: str, out: str) -> None:
@@ -73,7 +68,7 @@ def _run(model: Path, switch: str, out: Path) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def amx_weights(build_check: BuildVerdict) -> None:
-    if not _has_amx():
+    if "amx_int8" not in cpu_flags():
         pytest.skip("the row kernels are part of ggml's AMX path; this CPU has no AMX")
     if not build_check.use_extra_bufts:
         pytest.skip("models load without extra buffer types here: weights are not in AMX")
