@@ -129,11 +129,27 @@ def configure(section: dict[str, Any]) -> PromptLookup:
 
 def test_configured_ngram_range_decides_what_matches() -> None:
     view = View([1, 2, 9, 1, 2])
-    default = PromptLookup()
-    only_trigrams = configure({"ngram_min": 3, "ngram_max": 3})
+    any_width = configure({"match_bytes_min": 0})
+    only_trigrams = configure({"ngram_min": 3, "ngram_max": 3, "match_bytes_min": 0})
 
-    assert [p.tokens for p in default.reame_propose_drafts([DraftRequest(view, 2)])] == [(9, 1)]
+    assert [p.tokens for p in any_width.reame_propose_drafts([DraftRequest(view, 2)])] == [(9, 1)]
     assert only_trigrams.reame_propose_drafts([DraftRequest(view, 2)]) == []
+
+
+def test_a_match_of_the_fewest_tokens_must_span_enough_text() -> None:
+    # The fake model's tokens are one byte each: a match of two spans too little text to
+    # trust by default; one of three is evidence enough however short.
+    default = configure({})
+    pair = View([1, 2, 9, 1, 2])
+    triple = View([1, 2, 3, 9, 1, 2, 3])
+    wide_enough = configure({"match_bytes_min": 2})
+
+    def drafts(plugin: PromptLookup, view: View) -> list[tuple[int, ...]]:
+        return [p.tokens for p in plugin.reame_propose_drafts([DraftRequest(view, 2)])]
+
+    assert drafts(default, pair) == []
+    assert drafts(default, triple) == [(9, 1)]
+    assert drafts(wide_enough, pair) == [(9, 1)]
 
 
 def test_ngram_min_above_ngram_max_is_refused() -> None:

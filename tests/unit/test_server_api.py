@@ -614,7 +614,11 @@ def prompt_lookup_report(client: Client) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("route", ["chat", "text"])
-def test_speculate_on_verifies_prompt_lookup_drafts(client: Client, route: str) -> None:
+def test_speculate_on_verifies_prompt_lookup_drafts(
+    serve: Callable[..., TestClient[Litestar]], route: str
+) -> None:
+    # The fake model's tokens are single bytes: short matches are let through.
+    client = serve(Settings(plugins={"prompt_lookup": {"match_bytes_min": 0}}))
     answer = reply if route == "chat" else text
     # The fake model soon repeats itself, so prompt lookup always has a guess.
     fields = {"max_tokens": 40, "prompt" if route == "text" else "messages": ECHO[route]}
