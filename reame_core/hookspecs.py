@@ -255,6 +255,18 @@ def reame_constrain_logits(seq: SequenceView, pending: Sequence[int], logits: np
 
 
 @hookspec(firstresult=True)
+def reame_forced_end(seq: SequenceView) -> Sequence[int] | None:
+    """The tokens `seq`'s constraint forces from here to its end, when nothing but they and
+    then end-of-generation tokens can follow what it has committed (the closing brackets of
+    a structured answer): the engine commits them without computing their steps and ends
+    the sequence ("stop"), as sampling would have. ``()`` if it must end now; None if it
+    may go on otherwise. Each token must be the only one the constraint admits at its place,
+    as for a certain draft. Asked on the engine thread after each commit of a sequence that
+    has not ended, where a plugin implements `reame_constrain_logits`, unless the request
+    keeps logprobs (those tokens would have none)."""
+
+
+@hookspec(firstresult=True)
 def reame_verify_drafts(
     seq: SequenceView, draft: DraftProposal, logits: np.ndarray, sampler: TargetSampler
 ) -> Verification | None:

@@ -78,6 +78,7 @@ class Committer:
             or plugins.has_implementations("reame_remember_answer")
         )
         self._committing = plugins.has_implementations("reame_tokens_committed")
+        self._ending = self._constrained and plugins.has_implementations("reame_forced_end")
 
     # ----------------------------------------------------------------- memory
 
@@ -268,38 +269,35 @@ class Committer:
 
     def _commit(self, seq: Candidate, tokens: list[int], logprobs: list[TokenLogprob]) -> None:
         params = seq.params
-        eog = self.info.eog
+        group = seq.group
         committed: list[int] = []
-        text = ""
-        reason: FinishReason | None = None
         # Every token but the last is already in the KV (accepted or certain drafts): each
         # is checked against the room the KV had when one-token steps would have picked it.
         kv_before = seq.n_kv - len(tokens) + 1
-        for index, token in enumerate(tokens):
-            if token in eog and not params.ignore_eos:
-                reason = "stop"
-                break
-            committed.append(token)
-            seq.output.append(token)
-            seq.sampler.accept(token)
-            text += seq.text.push(self.backend.token_bytes(token))
-            if seq.text.stopped:
-                reason = "stop"
-                break
-            if len(seq.output) >= params.max_tokens or kv_before + index + 1 >= self.info.n_ctx_seq:
-                reason = "length"
-                break
+        text, reason = self._append(seq, tokens, kv_before, committed)
         kept_logprobs = tuple(logprobs[: len(committed)])
         for item in kept_logprobs:
             seq.cumulative_logprob += item.logprob
         if params.logprobs is None:
             kept_logprobs = ()  # summed for candidate selection only
+        if committed and self._committing:
+            self.hook.reame_tokens_committed(seq=seq, tokens=committed)
+        if reason is None and committed and self._ending and not group.keeps_logprobs:
+            ending = self.hook.reame_forced_end(seq=seq)
+            if ending is not None:
+                # Nothing but these tokens and then the end can follow: they are committed
+                # without computing their steps, and the sequence ends as on an
+                # end-of-generation token.
+                forced: list[int] = []
+                more, reason = self._append(seq, ending, kv_before + len(committed), forced)
+                text += more
+                if forced and self._committing:
+                    self.hook.reame_tokens_committed(seq=seq, tokens=forced)
+                committed += forced
+                reason = reason or "stop"
         self.stats.generated_tokens += len(committed)
-        group = seq.group
         if committed:
             seq.next_token = committed[-1]
-            if self._committing:
-                self.hook.reame_tokens_committed(seq=seq, tokens=committed)
         if reason is not None:
             text += seq.text.finish()
         if committed or text:
@@ -312,6 +310,29 @@ class Committer:
             group.selection_due = group.selection_due or bool(committed) or reason is not None
         if reason is not None:
             self._finish(seq, reason)
+
+    def _append(
+        self, seq: Candidate, tokens: Seq[int], kv_first: int, committed: list[int]
+    ) -> tuple[str, FinishReason | None]:
+        """Append `tokens` to the output (and to `committed`) up to an end: an
+        end-of-generation token, a stop string, `max_tokens`, or the context full where
+        one-token steps would have found it (`kv_first`: the KV's size when the first of
+        them was picked). The text they add, and the reason they ended, if they did."""
+        params = seq.params
+        eog = self.info.eog
+        text = ""
+        for index, token in enumerate(tokens):
+            if token in eog and not params.ignore_eos:
+                return text, "stop"
+            committed.append(token)
+            seq.output.append(token)
+            seq.sampler.accept(token)
+            text += seq.text.push(self.backend.token_bytes(token))
+            if seq.text.stopped:
+                return text, "stop"
+            if len(seq.output) >= params.max_tokens or kv_first + index + 1 >= self.info.n_ctx_seq:
+                return text, "length"
+        return text, None
 
     # ---------------------------------------------------------------- endings
 

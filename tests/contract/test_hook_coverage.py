@@ -53,6 +53,8 @@ CONTRACT = {
     # verifying
     "reame_constrain_logits": "tests/contract/test_verifying.py::"
     "test_constraint_decides_every_token",
+    "reame_forced_end": "tests/contract/test_verifying.py::"
+    "test_a_forced_ending_is_committed_without_computing_its_steps",
     "reame_verify_drafts": "tests/contract/test_verifying.py::"
     "test_verifier_plugin_replaces_the_builtin_and_output_stays_the_plain_one",
     # accounting

@@ -12,6 +12,8 @@ from installed_plugins import InstalledPlugins
 from reame_core.backend.fake import FakeBackend
 from reame_core.engine.engine import Engine
 from reame_core.request import GenerationRequest, SamplingParams
+from reame_core.runtime import start_runtime
+from reame_core.settings import Settings
 
 MakeEngine = Callable[..., Engine]
 DIGITS = list(range(ord("0"), ord("9") + 1))  # the fake model's tokens are bytes
@@ -70,7 +72,7 @@ def test_constraint_is_asked_once_per_sampled_position(
 def test_constraint_with_drafts_is_told_the_pending_tokens_of_each_row(
     install_plugins: InstalledPlugins, make_engine: MakeEngine
 ) -> None:
-    engine = make_engine(install_plugins("constraint_calls"), speculate="on")
+    engine = make_engine(install_plugins("constraint_calls", "oracle_drafts"), speculate="on")
     request = GenerationRequest(REPETITIVE, SamplingParams(max_tokens=20, ignore_eos=True))
 
     finish = engine.generate(request)
@@ -103,7 +105,7 @@ def test_each_candidates_constraint_sees_the_models_raw_row(
 def test_verifier_plugin_replaces_the_builtin_and_output_stays_the_plain_one(
     install_plugins: InstalledPlugins, make_engine: MakeEngine
 ) -> None:
-    engine = make_engine(install_plugins("refusing_verifier"), speculate="on")
+    engine = make_engine(install_plugins("refusing_verifier", "oracle_drafts"), speculate="on")
     request = GenerationRequest(REPETITIVE, SamplingParams(max_tokens=20))
 
     finish = engine.generate(request)
@@ -112,3 +114,46 @@ def test_verifier_plugin_replaces_the_builtin_and_output_stays_the_plain_one(
     assert list(finish.candidates[0].tokens) == greedy(FakeBackend(), REPETITIVE, 20)
     assert finish.usage.draft_proposed
     assert set(finish.usage.draft_accepted.values()) == {0}
+
+
+@pytest.mark.parametrize("logprobs", [None, 1])
+def test_a_forced_ending_is_committed_without_computing_its_steps(
+    install_plugins: InstalledPlugins, logprobs: int | None
+) -> None:
+    backend = FakeBackend()
+    runtime = start_runtime(Settings(), backend=backend, plugins=install_plugins("forced_ending"))
+    answer = list(b"forty-two")
+    request = GenerationRequest(
+        [1, *b"Answer."],
+        SamplingParams(max_tokens=20, logprobs=logprobs),
+        extensions={"answer": answer},
+    )
+    steps = len(backend.batch_sizes)
+
+    finish = runtime.engine.generate(request)
+    steps = len(backend.batch_sizes) - steps
+    runtime.close()
+
+    result = finish.candidates[0]
+    assert list(result.tokens) == answer
+    assert result.finish_reason == "stop"
+    if logprobs is None:  # the prompt's pass picks the first token; the rest are forced
+        assert steps == 1
+    else:  # each token's logprob needs its row: every step is computed
+        assert steps == len(answer) + 1
+
+
+def test_a_forced_ending_stops_where_max_tokens_does(install_plugins: InstalledPlugins) -> None:
+    runtime = start_runtime(
+        Settings(), backend=FakeBackend(), plugins=install_plugins("forced_ending")
+    )
+    answer = list(b"forty-two")
+    request = GenerationRequest(
+        [1, *b"Answer."], SamplingParams(max_tokens=4), extensions={"answer": answer}
+    )
+
+    finish = runtime.engine.generate(request)
+    runtime.close()
+
+    assert list(finish.candidates[0].tokens) == answer[:4]
+    assert finish.candidates[0].finish_reason == "length"

@@ -12,7 +12,10 @@ all of the model's end-of-generation tokens are (llguidance knows one EOS token)
 are the grammar's forced tokens (`compute_ff_tokens`): tokens, not text. Those whose mask
 allows them alone are certain — sampling there could pick nothing else — and the engine
 appends them unverified; any others are verified like any draft, so the output is exactly
-what the model would have been allowed to pick.
+what the model would have been allowed to pick. Where the grammar forces text but no token
+(a token could run on past it), that text is offered for a guess (`forced_text`); where
+nothing but forced tokens and then the end can follow, they are the sequence's forced end
+(`forced_end`), which the engine commits without computing.
 
 A grammar that fails mid-answer (a limit hit while the lexer grows) cannot go on: the
 sequence is then only allowed to end, and that is logged. Nothing here raises, since it
@@ -48,6 +51,7 @@ class Constraint:
         self.request_id = request_id
         self._bitmask = np.zeros((mask_bits + 31) // 32, dtype=np.int32)
         self._pending: list[int] = []  # consumed for a row after drafts, not committed
+        self._forced: list[int] | None = None  # forced after the committed tokens, once asked
         self.failed = False
 
     # ------------------------------------------------------------- committing
@@ -55,6 +59,7 @@ class Constraint:
     def commit(self, tokens: Sequence[int]) -> None:
         """`tokens` follow the sequence for good."""
         self._settle()
+        self._forced = None
         if not self.failed and not self.matcher.consume_tokens(list(tokens)):
             self._fail("a committed token does not follow the grammar")
 
@@ -115,7 +120,7 @@ class Constraint:
         self._settle()
         if self.failed or self.matcher.is_stopped():
             return (), 0
-        tokens = tuple(self.matcher.compute_ff_tokens()[:limit])
+        tokens = tuple(self._forced_tokens()[:limit])
         matcher, alone = self.matcher, 0
         for token in tokens:
             matcher.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
@@ -132,6 +137,44 @@ class Constraint:
         if alone:
             matcher.rollback(alone)
         return tokens, alone
+
+    def forced_end(self) -> tuple[int, ...] | None:
+        """The tokens the grammar forces from the committed ones to its end, if nothing but
+        they can follow (each the only token its mask allows), and then only the end; ()
+        if it must end now (complete, or failed); None if it may go on otherwise."""
+        self._settle()
+        matcher = self.matcher
+        if self.failed or matcher.is_stopped():
+            return ()
+        tokens = self._forced_tokens()
+        if not tokens or matcher.validate_tokens(tokens) < len(tokens):
+            return None
+        # Followed without masks (microseconds); masked only where they would end it.
+        taken = matcher.try_consume_tokens(tokens)
+        if matcher.is_error():  # a limit hit: the answer cannot go on anyway
+            self._fail(matcher.get_error())
+            return ()
+        ends = taken == len(tokens) and matcher.is_stopped()
+        matcher.rollback(taken)
+        if not ends:
+            return None
+        forced, alone = self.forced(len(tokens))
+        return forced if alone == len(tokens) else None
+
+    def _forced_tokens(self) -> list[int]:
+        # Asked after each commit (`forced_end`) and again for drafts (`forced`).
+        if self._forced is None:
+            self._forced = self.matcher.compute_ff_tokens()
+        return self._forced
+
+    def forced_text(self) -> bytes:
+        """The text the grammar forces next where it forces no token: the token that
+        starts it may run on into what follows (` "` or ` "Order` after a comma in an array
+        of strings), so that text tokenized on its own is a guess, to be verified."""
+        self._settle()
+        if self.failed or self.matcher.is_stopped():
+            return b""
+        return self.matcher.compute_ff_bytes()
 
     def allowed(self, tokens: Sequence[int], closes: bool = False) -> tuple[int, bytes]:
         """How many leading `tokens` the grammar allows after the committed ones and, for a

@@ -11,7 +11,9 @@ Who does what, on which thread:
   `seq.key` until it finishes; it masks the sequence's rows, follows its committed tokens,
   and proposes the tokens its grammar forces as drafts: certain where each is the only
   token its mask allows (the engine appends those without verifying them), verified like
-  any other source's otherwise.
+  any other source's otherwise, and where it forces text but no token, that text as the
+  tokenizer splits it, verified; when only forced tokens and the end remain, it gives them
+  as the sequence's end (`reame_forced_end`), committed without computing their steps.
 
 The `Suggeritore` instance owns the tokenizer, the cache and every sequence's constraint.
 """
@@ -150,6 +152,11 @@ class Suggeritore:
             constraint.commit(tokens)
 
     @hookimpl
+    def reame_forced_end(self, seq: SequenceView) -> tuple[int, ...] | None:
+        constraint = self._constraints.get(seq.key)
+        return constraint.forced_end() if constraint is not None else None
+
+    @hookimpl
     def reame_propose_drafts(self, requests: Sequence[DraftRequest]) -> list[DraftProposal]:
         proposals = []
         for request in requests:
@@ -161,7 +168,19 @@ class Suggeritore:
                 proposals.append(DraftProposal(request.seq, NAME, tokens[:alone], certain=True))
             elif tokens:
                 proposals.append(DraftProposal(request.seq, NAME, tokens))
+            elif guess := self._forced_text_guess(constraint, request.max_tokens):
+                proposals.append(DraftProposal(request.seq, NAME, guess))
         return proposals
+
+    def _forced_text_guess(self, constraint: Constraint, limit: int) -> tuple[int, ...]:
+        """Where the grammar forces text but no token, that text as the tokenizer splits it
+        alone, as far as the grammar allows it: the model often writes it so."""
+        text = constraint.forced_text().decode("utf-8", errors="ignore")
+        if not text or self._model is None:
+            return ()
+        tokens = self._model.vocab.tokenize(text, add_special=False, parse_special=False)
+        taken, _ = constraint.allowed(tokens[:limit])
+        return tuple(tokens[:taken])
 
     # ---------------------------------------------------------------- reporting
 

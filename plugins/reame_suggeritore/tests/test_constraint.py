@@ -1,14 +1,20 @@
-"""One sequence's constraint on its own: pending drafts, completion, failure."""
+"""One sequence's constraint on its own: pending drafts, forced tokens and text, completion,
+failure."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import llguidance
 import numpy as np
 import structlog
 
 from reame_core.backend.fake import EOS, IM_END, N_VOCAB, FakeBackend
+from reame_core.hooktypes import DraftRequest
+from reame_core.settings import Settings
 from reame_suggeritore.constraint import Constraint
 from reame_suggeritore.grammars import GrammarCache
+from reame_suggeritore.plugin import Suggeritore
 from reame_suggeritore.request_grammar import Grammar
 from reame_suggeritore.tokenizer import build_tokenizer
 
@@ -23,6 +29,21 @@ def constraint(regex: str) -> Constraint:
         eog=frozenset({EOS, IM_END}),
         request_id="req-test",
     )
+
+
+def widen(c: Constraint) -> None:
+    """Make `c`'s masks also allow token 0: no forced token is alone in its mask then."""
+    real = c.matcher
+
+    class Wider:
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+        def unsafe_compute_mask_ptr(self, address: int, size: int) -> None:
+            real.unsafe_compute_mask_ptr(address, size)
+            c._bitmask[0] |= 1
+
+    c.matcher = Wider()  # type: ignore[assignment]
 
 
 def allowed(c: Constraint, pending: tuple[int, ...] = ()) -> set[int]:
@@ -67,19 +88,7 @@ def test_forced_tokens_are_the_grammars_only_way_on() -> None:
 
 def test_a_forced_token_its_mask_does_not_allow_alone_is_not_certain() -> None:
     c = constraint("ab")
-    real = c.matcher
-
-    class Wider:
-        """The matcher, but its masks also allow token 0."""
-
-        def __getattr__(self, name: str) -> object:
-            return getattr(real, name)
-
-        def unsafe_compute_mask_ptr(self, address: int, size: int) -> None:
-            real.unsafe_compute_mask_ptr(address, size)
-            c._bitmask[0] |= 1
-
-    c.matcher = Wider()  # type: ignore[assignment]
+    widen(c)
     assert c.forced(8) == (tuple(b"ab"), 0)
     assert allowed(c) == {0, ord("a")}
 
@@ -122,3 +131,84 @@ def test_a_grammar_failing_inside_a_forced_run_keeps_the_tokens_before_then_only
         assert c.forced(8) == (tuple(b"ab"), 2)
     assert c.failed
     assert allowed(c, tuple(b"ab")) == {EOS, IM_END}
+
+
+def test_the_forced_end_is_the_rest_when_nothing_else_can_follow() -> None:
+    c = constraint("ab")
+
+    assert c.forced_end() == tuple(b"ab")
+    assert allowed(c) == {ord("a")}  # looking left the matcher where it was
+    c.commit(list(b"ab"))
+    assert c.forced_end() == ()  # complete: it must end now
+
+
+def test_no_forced_end_before_the_forced_text_reaches_the_end() -> None:
+    c = constraint("(yes|no)! Done.")
+
+    assert c.forced_end() is None  # a choice comes first
+    c.commit([ord("y")])
+    # llguidance forces "es! Done" and holds the last token back until the text before it
+    # is committed: the end is not forced yet.
+    assert c.forced(16) == (tuple(b"es! Done"), 8)
+    assert c.forced_end() is None
+    assert allowed(c) == {ord("e")}
+
+
+def test_no_forced_end_while_the_grammar_may_go_on_after_the_forced_text() -> None:
+    c = constraint("ab[cd]")
+
+    assert c.forced(8) == (tuple(b"ab"), 2)
+    assert c.forced_end() is None
+    assert allowed(c) == {ord("a")}
+
+
+def test_no_forced_end_where_a_mask_allows_more_than_the_forced_token() -> None:
+    c = constraint("ab")
+    widen(c)
+    assert c.forced_end() is None
+
+
+def test_a_failed_grammar_must_end_now() -> None:
+    c = constraint("ab")
+    with structlog.testing.capture_logs():
+        c.commit([ord("z")])
+
+    assert c.forced_end() == ()
+
+
+def test_forced_text_is_what_the_grammar_forces_next_as_bytes() -> None:
+    c = constraint("ab[cd]")
+
+    assert c.forced_text() == b"ab"
+    c.commit(list(b"ab"))
+    assert c.forced_text() == b""
+    c.commit([ord("c")])
+    assert c.forced_text() == b""  # complete
+
+
+def test_forced_text_without_a_forced_token_is_proposed_as_a_guess_to_verify() -> None:
+    backend = FakeBackend()
+    plugin = Suggeritore()
+    plugin.reame_configure(settings=Settings(), model=backend.info)
+    c = constraint("ab[cd]")
+    real = c.matcher
+
+    class RunsOn:
+        """The matcher, as where a token could run on past the forced text: no token
+        is forced, the text still is."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+        def compute_ff_tokens(self) -> list[int]:
+            return []
+
+    c.matcher = RunsOn()  # type: ignore[assignment]
+    seq = SimpleNamespace(key=7)
+    plugin._constraints[7] = c
+
+    (proposal,) = plugin.reame_propose_drafts([DraftRequest(seq, 8)])  # type: ignore[arg-type]
+
+    assert proposal.tokens == tuple(b"ab") and not proposal.certain
+    assert plugin.reame_propose_drafts([DraftRequest(seq, 1)])[0].tokens == (ord("a"),)
+    assert allowed(c) == {ord("a")}
