@@ -263,7 +263,7 @@ def reame_forced_end(seq: SequenceView) -> Sequence[int] | None:
     may go on otherwise. Each token must be the only one the constraint admits at its place,
     as for a certain draft. Asked on the engine thread after each commit of a sequence that
     has not ended, where a plugin implements `reame_constrain_logits`, unless the request
-    keeps logprobs (those tokens would have none)."""
+    keeps logprobs (those tokens would have none) or ignores end-of-generation tokens."""
 
 
 @hookspec(firstresult=True)

@@ -280,9 +280,8 @@ class Committer:
             seq.cumulative_logprob += item.logprob
         if params.logprobs is None:
             kept_logprobs = ()  # summed for candidate selection only
-        if committed and self._committing:
-            self.hook.reame_tokens_committed(seq=seq, tokens=committed)
-        if reason is None and committed and self._ending and not group.keeps_logprobs:
+        self._committed(seq, committed)
+        if reason is None and committed and self._may_end_forced(seq):
             ending = self.hook.reame_forced_end(seq=seq)
             if ending is not None:
                 # Nothing but these tokens and then the end can follow: they are committed
@@ -291,13 +290,10 @@ class Committer:
                 forced: list[int] = []
                 more, reason = self._append(seq, ending, kv_before + len(committed), forced)
                 text += more
-                if forced and self._committing:
-                    self.hook.reame_tokens_committed(seq=seq, tokens=forced)
+                self._committed(seq, forced)
                 committed += forced
                 reason = reason or "stop"
         self.stats.generated_tokens += len(committed)
-        if committed:
-            seq.next_token = committed[-1]
         if reason is not None:
             text += seq.text.finish()
         if committed or text:
@@ -310,6 +306,18 @@ class Committer:
             group.selection_due = group.selection_due or bool(committed) or reason is not None
         if reason is not None:
             self._finish(seq, reason)
+
+    def _committed(self, seq: Candidate, tokens: list[int]) -> None:
+        if tokens:
+            seq.next_token = tokens[-1]
+            if self._committing:
+                self.hook.reame_tokens_committed(seq=seq, tokens=tokens)
+
+    def _may_end_forced(self, seq: Candidate) -> bool:
+        """Whether a forced end may be committed without its steps: not where the request
+        keeps logprobs (those tokens would have none), nor where it ignores the end (its
+        steps would go on past it)."""
+        return self._ending and not seq.group.keeps_logprobs and not seq.params.ignore_eos
 
     def _append(
         self, seq: Candidate, tokens: Seq[int], kv_first: int, committed: list[int]

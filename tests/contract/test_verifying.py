@@ -11,7 +11,7 @@ from installed_plugins import InstalledPlugins
 
 from reame_core.backend.fake import FakeBackend
 from reame_core.engine.engine import Engine
-from reame_core.request import GenerationRequest, SamplingParams
+from reame_core.request import CandidateResult, GenerationRequest, SamplingParams
 from reame_core.runtime import start_runtime
 from reame_core.settings import Settings
 
@@ -116,44 +116,47 @@ def test_verifier_plugin_replaces_the_builtin_and_output_stays_the_plain_one(
     assert set(finish.usage.draft_accepted.values()) == {0}
 
 
+ANSWER = list(b"forty-two")
+
+
+def answer_forced(
+    install_plugins: InstalledPlugins, params: SamplingParams
+) -> tuple[CandidateResult, int]:
+    """The `forced_ending` plugin's answer to one request, and the model steps it took."""
+    backend = FakeBackend()
+    runtime = start_runtime(Settings(), backend=backend, plugins=install_plugins("forced_ending"))
+    request = GenerationRequest([1, *b"Answer."], params, extensions={"answer": ANSWER})
+    finish = runtime.engine.generate(request)
+    runtime.close()
+    return finish.candidates[0], len(backend.batch_sizes)
+
+
 @pytest.mark.parametrize("logprobs", [None, 1])
 def test_a_forced_ending_is_committed_without_computing_its_steps(
     install_plugins: InstalledPlugins, logprobs: int | None
 ) -> None:
-    backend = FakeBackend()
-    runtime = start_runtime(Settings(), backend=backend, plugins=install_plugins("forced_ending"))
-    answer = list(b"forty-two")
-    request = GenerationRequest(
-        [1, *b"Answer."],
-        SamplingParams(max_tokens=20, logprobs=logprobs),
-        extensions={"answer": answer},
-    )
-    steps = len(backend.batch_sizes)
+    result, steps = answer_forced(install_plugins, SamplingParams(max_tokens=20, logprobs=logprobs))
 
-    finish = runtime.engine.generate(request)
-    steps = len(backend.batch_sizes) - steps
-    runtime.close()
-
-    result = finish.candidates[0]
-    assert list(result.tokens) == answer
+    assert list(result.tokens) == ANSWER
     assert result.finish_reason == "stop"
     if logprobs is None:  # the prompt's pass picks the first token; the rest are forced
         assert steps == 1
     else:  # each token's logprob needs its row: every step is computed
-        assert steps == len(answer) + 1
+        assert steps == len(ANSWER) + 1
 
 
 def test_a_forced_ending_stops_where_max_tokens_does(install_plugins: InstalledPlugins) -> None:
-    runtime = start_runtime(
-        Settings(), backend=FakeBackend(), plugins=install_plugins("forced_ending")
-    )
-    answer = list(b"forty-two")
-    request = GenerationRequest(
-        [1, *b"Answer."], SamplingParams(max_tokens=4), extensions={"answer": answer}
-    )
+    result, _ = answer_forced(install_plugins, SamplingParams(max_tokens=4))
 
-    finish = runtime.engine.generate(request)
-    runtime.close()
+    assert list(result.tokens) == ANSWER[:4]
+    assert result.finish_reason == "length"
 
-    assert list(finish.candidates[0].tokens) == answer[:4]
-    assert finish.candidates[0].finish_reason == "length"
+
+def test_a_request_that_ignores_the_end_computes_its_forced_ending(
+    install_plugins: InstalledPlugins,
+) -> None:
+    result, steps = answer_forced(install_plugins, SamplingParams(max_tokens=12, ignore_eos=True))
+
+    assert list(result.tokens[: len(ANSWER)]) == ANSWER
+    assert len(result.tokens) == 12 and result.finish_reason == "length"
+    assert steps == 12
