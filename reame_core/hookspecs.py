@@ -26,7 +26,7 @@ The groups follow a run from its plan, then a request through the engine:
     memory      reame_remember_answer, reame_recall_answer
     prefill     reame_prefix_lookup, reame_prefix_store_points, reame_prefix_store
     drafting    reame_propose_drafts, reame_draft_cost
-    verifying   reame_constrain_logits, reame_verify_drafts
+    verifying   reame_constrain_logits, reame_forced_end, reame_verify_drafts
     accounting  reame_drafts_verified, reame_tokens_committed
     selection   reame_plan_candidates, reame_select_candidates
     reporting   reame_describe, reame_collect_stats
