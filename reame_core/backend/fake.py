@@ -119,6 +119,7 @@ class FakeBackend:
         self.decode_calls = 0
         self.decoded_tokens = 0
         self.batch_sizes: list[int] = []
+        self.pass_counts: list[int] = []  # passes over the weights, per decode call
         self.threads = n_threads
         self._rows: dict[tuple[int, ...], np.ndarray] = {}
         fingerprint = hashlib.sha256(
@@ -196,6 +197,7 @@ class FakeBackend:
             if want:
                 rows.append(self.logits_after(cells))
         passes = equal_split(_layout(batch), self._info.n_batch)
+        self.pass_counts.append(len(passes))
         multi = sum(1 for per_seq, _ in passes if per_seq > 1)
         cost = (
             self.step_cost_s * len(passes)

@@ -53,6 +53,9 @@ class ModelRunner:
             self.stats.decode_errors += 1
             log.error("decode failed", error=str(error), batch=len(call.batch))
             return None
+        finally:
+            if call.fillers:
+                self.slots.drop_fillers(call.fillers)
         elapsed = time.perf_counter() - started
         if self._drafting and call.priced:  # the governor prices drafts by what decodes cost
             self.governor.observe_decode(
@@ -62,6 +65,7 @@ class ModelRunner:
         stats.decode_steps += 1
         stats.decode_seconds += elapsed
         stats.batch_tokens += len(call.batch)
+        stats.filler_rows += len(call.fillers)
         return logits, elapsed
 
     def refresh_session(self, session: str | None = None) -> bool:

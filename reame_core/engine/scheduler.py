@@ -37,6 +37,8 @@ from reame_core.hooktypes import DraftProposal, DraftRequest, ModelInfo
 
 log = structlog.get_logger(__name__)
 
+FILLER_TOKEN = 0  # what a gap filler feeds: any token does, its row is thrown away
+
 
 @dataclass
 class Planned:
@@ -53,12 +55,15 @@ class Planned:
 @dataclass
 class DecodeCall:
     """One call of `backend.decode`: the batch, and whose tokens it holds in batch order.
-    Not `priced`: a step with certain drafts, cheaper than verifying as many tokens, which
-    the governor's cost curve (the price of drafts to verify) does not learn from."""
+    Not `priced`: a step with certain drafts or gap fillers, cheaper than verifying as many
+    tokens, which the governor's cost curve (the price of drafts to verify) does not learn
+    from. `fillers`: throwaway rows joining the sequence ids into fewer passes, to remove
+    once the call has run."""
 
     batch: Batch
     planned: list[Planned]
     priced: bool = True
+    fillers: dict[int, int] = dataclasses.field(default_factory=dict)  # `KVSlots.gap_fillers`
 
 
 class Scheduler:
@@ -338,12 +343,20 @@ class Scheduler:
             # With per-sequence KV, llama.cpp puts sequences in one micro-batch only while
             # their ids ascend by one in batch order; any other order costs extra passes.
             decoding = sorted(decoding, key=_seq_id)
+        feeds = []
+        for seq in decoding:
+            draft = drafts.get(seq.key) if drafts else None
+            feeds.append((seq, [seq.next_token, *draft.tokens] if draft else [seq.next_token]))
+        fillers = self.slots.gap_fillers([(seq.seq_id, len(tokens)) for seq, tokens in feeds])
+        gaps = sorted(fillers.items(), reverse=True)
         batch = Batch()
         planned = []
         rows = 0
-        for seq in decoding:
+        for seq, tokens in feeds:
+            while gaps and gaps[-1][0] < seq.seq_id:
+                seq_id, position = gaps.pop()
+                batch.add(FILLER_TOKEN, position, seq_id, False)
             draft = drafts.get(seq.key) if drafts else None
-            tokens = [seq.next_token, *draft.tokens] if draft else [seq.next_token]
             # Certain tokens need no row of their own: only the one after them is sampled.
             unverified = draft is not None and draft.certain and not seq.group.keeps_logprobs
             last = len(tokens) - 1
@@ -351,7 +364,7 @@ class Scheduler:
                 batch.add(token, seq.n_kv + offset, seq.seq_id, not unverified or offset == last)
             planned.append(Planned(seq, tokens, draft, rows, unverified))
             rows += 1 if unverified else len(tokens)
-        return DecodeCall(batch, planned, priced=rows == len(batch))
+        return DecodeCall(batch, planned, priced=rows == len(batch), fillers=fillers)
 
     def _propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
         """Ask the draft sources, cheapest first, what the governor wants of each (given

@@ -19,12 +19,16 @@ it instead of taking it, and it is handed out only when no unpinned slot is free
 `max_sessions` slots are pinned; pinning one more unpins the least recently used. A slot
 also remembers whose conversation its KV holds (`Slot.conversation`), pinned or not, until
 another request takes it: what a fleet replica reports to its router (`conversations`).
+
+A decode step may write a throwaway row into a slot it does not decode, to join the
+sequence ids around it into one pass over the weights (`gap_fillers`); the row is removed
+as soon as the step has run, so the record stays the truth between steps.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from reame_core.backend.base import Backend
@@ -193,6 +197,36 @@ class KVSlots:
             oldest = min(pinned, key=lambda s: s.last_used)
             oldest.session = None
             pinned.remove(oldest)
+
+    def gap_fillers(self, layout: Sequence[tuple[int, int]]) -> dict[int, int]:
+        """Throwaway rows that save passes over the weights, as {sequence id: position}.
+
+        With per-sequence KV, llama.cpp decodes sequences in one pass only while their ids
+        run consecutively: a step decoding slots 0 and 2 costs two passes, though slot 1
+        only computes a prompt chunk of its own or waits. One more row, in slot 1 at the end
+        of its KV, without logits and removed right after (`drop_fillers`), makes it one
+        pass, for a fraction of one's cost. `layout` is (sequence id, tokens) in ascending id
+        order; every gap between its ids is filled, or none where that saves no pass, where
+        a slot's KV is full or where the model cannot drop a tail again."""
+        if len(layout) < 2 or not self._trim_safe:
+            return {}
+        present = {seq_id for seq_id, _ in layout}
+        gaps = [i for i in range(layout[0][0], layout[-1][0]) if i not in present]
+        if not gaps:
+            return {}
+        filled = sorted([*layout, *((seq_id, 1) for seq_id in gaps)])
+        if len(self._backend.passes(filled)) >= len(self._backend.passes(layout)):
+            return {}
+        positions = {seq_id: len(self.slots[seq_id].tokens) for seq_id in gaps}
+        if max(positions.values()) >= self._backend.info.n_ctx_seq:
+            return {}
+        return positions
+
+    def drop_fillers(self, fillers: Mapping[int, int]) -> None:
+        """Remove the rows `gap_fillers` placed, once their decode ran (or failed)."""
+        for seq_id, position in fillers.items():
+            if not self._backend.seq_rm(seq_id, position):
+                self.truncate(self.slots[seq_id], 0)  # never reuse a state holding one
 
     # ---------------------------------------------------------- KV operations
 

@@ -3,9 +3,9 @@
 Only the engine thread writes them, each counter in the part that does what it counts:
 the engine takes requests in (submitted), the scheduler admits and plans them (prompt,
 reused and restored tokens; active sequences, waiting requests), the runner decodes
-(steps, seconds, batch tokens, errors) and the committer turns rows into tokens (prefill
-and generated tokens, finished requests) or answers from a plugin's memory (recalled
-requests). Other threads only read them.
+(steps, seconds, batch tokens, filler rows, errors) and the committer turns rows into
+tokens (prefill and generated tokens, finished requests) or answers from a plugin's memory
+(recalled requests). Other threads only read them.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ class EngineStats:
     decode_steps: int = 0
     decode_seconds: float = 0.0
     batch_tokens: int = 0
+    filler_rows: int = 0  # throwaway rows that joined sequences into fewer passes
     active_sequences: int = 0
     waiting_requests: int = 0
     decode_errors: int = 0

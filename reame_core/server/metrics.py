@@ -74,6 +74,11 @@ class EngineCollector(Collector):
         )
         yield _counter("reame_decode_steps", "Decode steps (one batch each)", stats.decode_steps)
         yield _counter("reame_batch_tokens", "Tokens decoded across all steps", stats.batch_tokens)
+        yield _counter(
+            "reame_filler_rows",
+            "Throwaway rows that joined the decoding sequences into fewer passes",
+            stats.filler_rows,
+        )
         yield _counter("reame_decode_seconds", "Time spent in decode", stats.decode_seconds)
         yield _counter("reame_decode_errors", "Decode steps that failed", stats.decode_errors)
         yield _gauge("reame_queue_depth", "Requests waiting for a slot", stats.waiting_requests)

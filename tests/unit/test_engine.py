@@ -46,6 +46,10 @@ def finish_of(events: list[Event]) -> FinishEvent:
     return finishes[0]
 
 
+def finish_of_any(events: list[Event]) -> bool:
+    return any(isinstance(event, FinishEvent) for event in events)
+
+
 def token_events(events: list[Event]) -> list[TokenEvent]:
     return [event for event in events if isinstance(event, TokenEvent)]
 
@@ -172,6 +176,42 @@ def test_long_prompt_is_prefilled_in_chunks_while_another_stream_decodes(
     # call that decodes the running stream's token.
     assert backend.batch_sizes[steps_before:] == [1, 8] * 12 + [1, 4]
     assert tokens_per_step == [1] * 13
+
+
+def test_streams_around_a_slot_computing_a_prompt_decode_in_one_pass(
+    make_engine: MakeEngine, tokenize: Tokenize, greedy_reference: Reference, drive: Drive
+) -> None:
+    engine = make_engine(start=False, n_seq_max=3, n_batch=32, prefill_chunk=8, speculate="off")
+    backend = fake(engine)
+    prompts = [tokenize("First stream"), tokenize("Short one"), tokenize("Third stream")]
+    events: list[list[Event]] = [[] for _ in prompts]
+    for prompt, sink, max_tokens in zip(prompts, events, (60, 2, 60), strict=True):
+        engine.submit(request(prompt, max_tokens=max_tokens), sink.append)
+    while not (finish_of_any(events[1]) and token_events(events[0]) and token_events(events[2])):
+        engine.step()
+    long_prompt = list(b"x" * 100)  # takes slot 1, between the two streams still decoding
+    prefilling: list[Event] = []
+    engine.submit(request(long_prompt, max_tokens=5), prefilling.append)
+    calls_before = len(backend.batch_sizes)
+    steps = 0
+    while not prefilling:
+        engine.step()
+        steps += 1
+
+    # Each step: the two streams' tokens and a throwaway row in slot 1 in one pass, then a
+    # chunk of the prompt in a call of its own.
+    calls = backend.batch_sizes[calls_before:]
+    assert calls[::2] == [3] * steps
+    assert sum(calls[1::2]) == len(long_prompt)
+    assert set(backend.pass_counts[calls_before:]) == {1}
+    assert engine.stats.filler_rows >= steps
+    drive(engine)
+    for i in (0, 2):
+        assert list(finish_of(events[i]).candidates[0].tokens) == greedy_reference(
+            backend, prompts[i], 60
+        )
+    for slot in engine.slots.slots:
+        assert slot.tokens == backend.kv[slot.seq_id]
 
 
 def test_prompt_alone_is_prefilled_in_chunks_of_prefill_chunk(

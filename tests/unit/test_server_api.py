@@ -491,6 +491,7 @@ SERIES = (
     "reame_active_sequences",
     "reame_decode_steps_total",
     "reame_batch_tokens_total",
+    "reame_filler_rows_total",
 )
 
 

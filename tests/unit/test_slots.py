@@ -251,3 +251,57 @@ def test_rollback_the_model_refuses_clears_the_slot_and_says_so() -> None:
 
     assert slot.tokens == []
     assert_in_step(recurrent, slots)
+
+
+# ------------------------------------------------------------------------- gap fillers
+
+
+def test_gap_fillers_join_the_slots_around_one_not_decoding(
+    backend: FakeBackend, slots: KVSlots
+) -> None:
+    fill(backend, slots, slots.slots[1], [5, 6, 7])  # slot 1 computes a prompt meanwhile
+
+    assert slots.gap_fillers([(0, 1), (2, 1)]) == {1: 3}  # a row after its three tokens
+    assert slots.gap_fillers([(0, 1), (1, 1)]) == {}  # consecutive: one pass already
+    assert slots.gap_fillers([(0, 1)]) == {}
+
+
+def test_gap_fillers_leave_a_layout_they_would_not_join_into_fewer_passes(
+    slots: KVSlots,
+) -> None:
+    # Slot 2's draft needs a pass of its own either way: two passes, filled or not.
+    assert slots.gap_fillers([(0, 1), (2, 5)]) == {}
+
+
+def test_no_gap_filler_goes_into_a_slot_whose_kv_is_full() -> None:
+    backend = FakeBackend(n_seq_max=3, n_ctx_seq=4)
+    slots = KVSlots(backend)
+    fill(backend, slots, slots.slots[1], [1, 2, 3, 4])
+
+    assert slots.gap_fillers([(0, 1), (2, 1)]) == {}
+
+
+def test_no_gap_fillers_on_a_model_that_cannot_drop_a_tail() -> None:
+    slots = KVSlots(FakeBackend(n_seq_max=3, recurrent=True))
+
+    assert slots.gap_fillers([(0, 1), (2, 1)]) == {}
+
+
+def test_a_decode_with_its_fillers_dropped_leaves_every_slot_in_step_with_its_kv(
+    backend: FakeBackend, slots: KVSlots
+) -> None:
+    for slot, tokens in zip(slots.slots, ([1, 2], [5, 6, 7], [8]), strict=True):
+        fill(backend, slots, slot, tokens)
+    fillers = slots.gap_fillers([(0, 1), (2, 1)])
+    batch = Batch()
+    batch.add(3, 2, 0, True)
+    batch.add(0, fillers[1], 1, False)
+    batch.add(9, 1, 2, True)
+
+    backend.decode(batch)
+    slots.appended(slots.slots[0], [3])
+    slots.appended(slots.slots[2], [9])
+    slots.drop_fillers(fillers)
+
+    assert backend.pass_counts[-1] == 1
+    assert_in_step(backend, slots)
