@@ -183,6 +183,40 @@ def test_long_prompt_prefilled_beside_a_running_generation_gives_the_alone_token
     assert tokens_of(beside) == alone
 
 
+def test_streams_around_a_slot_computing_a_prompt_give_their_alone_tokens(
+    engine: Engine, backend: LlamaBackend, forget_kv: Forget
+) -> None:
+    # Raw texts with different first tokens: no request reuses another's KV.
+    def text(words: str) -> list[int]:
+        return backend.tokenize(words, add_special=False, parse_special=False)
+
+    first, short, third = text("Once upon a time,"), text("Dear customer,"), text("In 1887 the")
+    long_prompt = text(f"Notes. {SYSTEM} {SYSTEM}")  # about 400 tokens: several chunks
+    streams = [request(prompt, max_tokens=120, ignore_eos=True) for prompt in (first, third)]
+    late = request(long_prompt, max_tokens=16, ignore_eos=True)
+    alone = []
+    for each in (*streams, late):
+        forget_kv(engine)
+        alone.append(tokens_of(engine.generate(each)))
+    forget_kv(engine)
+    fillers_before = engine.stats.filler_rows
+
+    # Slots 0-2; the short request frees slot 1, which the long prompt then takes and
+    # computes in chunks while slots 0 and 2 decode around it in one pass each step.
+    watches = [Watch() for _ in range(3)]
+    engine.submit(streams[0], watches[0])
+    engine.submit(request(short, max_tokens=2, ignore_eos=True), watches[1])
+    engine.submit(streams[1], watches[2])
+    watches[1].result()
+    beside = engine.generate(late)
+    still_running = not (watches[0].done.is_set() or watches[2].done.is_set())
+
+    assert still_running
+    assert engine.stats.filler_rows > fillers_before
+    assert [tokens_of(watches[i].result()) for i in (0, 2)] == alone[:2]
+    assert tokens_of(beside) == alone[2]
+
+
 # ------------------------------------------------------------- prefix reuse
 
 
