@@ -11,10 +11,16 @@ first token (TTFT) is measured at the client, prompt tokens reused from the usag
 (`cached_tokens`: from a slot or from the shared disk cache). Arms run in alternating
 order over repetitions.
 
+With `--workload trace`, the clients are the realistic trace instead (`reame_core.bench.trace`:
+extractions into one JSON schema behind one long shared prompt, chat sessions, rewrites,
+the night's reruns; `--trace-requests` of it, answers cut at `--trace-max-tokens`), replayed
+on its clock stretched by `--pace` (`reame_core.bench.replay`), with no warm-up.
+
 Also reported, per replica, the figures a larger fleet is sized from: disk cache bytes per
 cached token and bytes written per computed prompt, and the router's state size.
 
     .venv/bin/python benchmarks/fleet.py [--reps 1] [--routers reame,pow2,prefix]
+        [--disks shared,off] [--workload sessions|trace] [--pace 0.25]
 
 Ray's workers import `reame_core` as installed, not from the current directory: to measure
 another checkout of Reame, put it first on PYTHONPATH, with its four plugin directories
@@ -58,6 +64,10 @@ QUESTIONS = (
     "Lentil soup, one hour, easy.",
 )
 MAX_TOKENS = 12
+FORWARDED = (  # the options a measuring child gets
+    "model", "seed", "sessions", "turns", "one_shots", "clients",
+    "workload", "trace_requests", "trace_max_tokens", "pace",
+)  # fmt: skip
 
 
 def system_prompt(subject: str, task: str) -> str:
@@ -176,6 +186,42 @@ def drive(url: str, jobs: list[Job], clients: int) -> list[Result]:
     return results
 
 
+def replay_trace(url: str, requests: int, max_tokens: int, pace: float) -> list[Result]:
+    """The realistic trace (`reame_core.bench.trace`: extractions behind one long shared
+    prompt, chat sessions, rewrites, the night's reruns) replayed on its clock stretched
+    by `pace`, each request's outcome as a `Result` (its replica is not recorded)."""
+    from reame_core.bench.against import Server
+    from reame_core.bench.replay import replay
+    from reame_core.bench.trace import trace_for
+
+    trace = trace_for(requests, max_tokens)
+    turns: dict[str, int] = {}
+    place: dict[str, tuple[str | None, int]] = {}
+    for request in trace:
+        session = request.get("session")
+        if session is None:
+            place[request["id"]] = (None, 0)
+        else:
+            place[request["id"]] = (session, turns.get(session, 0))
+            turns[session] = turns.get(session, 0) + 1
+    results = []
+    for outcome in replay(Server(url), trace, pace):
+        session, turn = place[outcome.id]
+        details = outcome.usage.get("prompt_tokens_details") or {}
+        results.append(
+            Result(
+                ttft=outcome.ttft,
+                prompt_tokens=int(outcome.usage.get("prompt_tokens", 0)),
+                cached_tokens=int(details.get("cached_tokens", 0)),
+                replica="",
+                ok=outcome.error is None and outcome.ttft > 0 and bool(outcome.usage),
+                session=session,
+                turn=turn,
+            )
+        )
+    return results
+
+
 def child(router: str, disk: str, args: argparse.Namespace) -> dict[str, Any]:
     import ray
     from ray import serve
@@ -197,11 +243,16 @@ def child(router: str, disk: str, args: argparse.Namespace) -> dict[str, Any]:
                 settings["disable_plugins"] = ["diskkv"]
             serve.run(build_fleet(settings, plan), name="reame", route_prefix="/")
             ready = time.perf_counter() - started
-            load = workload(args.seed, args.sessions, args.one_shots, args.turns)
             url = f"http://127.0.0.1:{port}"
-            warm = drive(url, load.warmup, 2)
             began = time.perf_counter()
-            results = drive(url, load.jobs, args.clients)
+            if args.workload == "trace":
+                warm: list[Result] = []
+                results = replay_trace(url, args.trace_requests, args.trace_max_tokens, args.pace)
+            else:
+                load = workload(args.seed, args.sessions, args.one_shots, args.turns)
+                warm = drive(url, load.warmup, 2)
+                began = time.perf_counter()
+                results = drive(url, load.jobs, args.clients)
             wall = time.perf_counter() - began
             counters = replica_counters(url, 2)
         finally:
@@ -388,6 +439,15 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--one-shots", type=int, default=16)
     parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument(
+        "--workload",
+        choices=("sessions", "trace"),
+        default="sessions",
+        help="the system prompts' sessions and questions, or the realistic trace",
+    )
+    parser.add_argument("--trace-requests", type=int, default=38, help="the trace, sliced")
+    parser.add_argument("--trace-max-tokens", type=int, default=128, help="per answer, at most")
+    parser.add_argument("--pace", type=float, default=0.25, help="the trace's clock stretched")
     parser.add_argument("--out", default="fleet")
     parser.add_argument(
         "--summarize", type=Path, help="recompute the summary of this results file and exit"
@@ -414,11 +474,7 @@ def main() -> int:
         return 0
     routers = args.routers.split(",")
     runs: list[dict[str, Any]] = []
-    forwarded = [
-        f"--{k.replace('_', '-')}={v}"
-        for k, v in vars(args).items()
-        if k in ("model", "seed", "sessions", "turns", "one_shots", "clients")
-    ]
+    forwarded = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k in FORWARDED]
     for rep in range(args.reps):
         for disk in args.disks.split(","):
             order = routers if rep % 2 == 0 else list(reversed(routers))
@@ -443,6 +499,10 @@ def main() -> int:
             "replicas": 2,
             "threads_per_replica": 1,
             "workload": {
+                "kind": args.workload,
+                "trace_requests": args.trace_requests,
+                "trace_max_tokens": args.trace_max_tokens,
+                "pace": args.pace,
                 "seed": args.seed,
                 "sessions": args.sessions,
                 "turns": args.turns,
