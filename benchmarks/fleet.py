@@ -195,15 +195,12 @@ def replay_trace(url: str, requests: int, max_tokens: int, pace: float) -> list[
     from reame_core.bench.trace import trace_for
 
     trace = trace_for(requests, max_tokens)
-    turns: dict[str, int] = {}
-    place: dict[str, tuple[str | None, int]] = {}
+    turns: dict[str | None, int] = {}
+    place: dict[str, tuple[str | None, int]] = {}  # request id: its session and turn
     for request in trace:
         session = request.get("session")
-        if session is None:
-            place[request["id"]] = (None, 0)
-        else:
-            place[request["id"]] = (session, turns.get(session, 0))
-            turns[session] = turns.get(session, 0) + 1
+        place[request["id"]] = (session, turns.get(session, 0) if session else 0)
+        turns[session] = turns.get(session, 0) + 1
     results = []
     for outcome in replay(Server(url), trace, pace):
         session, turn = place[outcome.id]
@@ -244,9 +241,9 @@ def child(router: str, disk: str, args: argparse.Namespace) -> dict[str, Any]:
             serve.run(build_fleet(settings, plan), name="reame", route_prefix="/")
             ready = time.perf_counter() - started
             url = f"http://127.0.0.1:{port}"
-            began = time.perf_counter()
             if args.workload == "trace":
                 warm: list[Result] = []
+                began = time.perf_counter()
                 results = replay_trace(url, args.trace_requests, args.trace_max_tokens, args.pace)
             else:
                 load = workload(args.seed, args.sessions, args.one_shots, args.turns)

@@ -34,31 +34,38 @@ def measure(model: Path, threads: int, reps: int) -> list[dict[str, Any]]:
 
     from reame_core.backend.base import Batch
     from reame_core.engine.scheduler import FILLER_TOKEN
+    from reame_core.engine.slots import KVSlots
     from reame_core.runtime import planned_backend
     from reame_core.settings import Settings
 
     backend = planned_backend(
         Settings(model=str(model), threads=threads, parallel=4, ctx=8192, log_level="warning")
     )
+    slots = KVSlots(backend)
     tokens = backend.tokenize(TEXT, add_special=False, parse_special=False)
-    for seq_id, length in enumerate(PROMPT_LENGTHS):
+    for slot, length in zip(slots.slots, PROMPT_LENGTHS, strict=True):
+        prompt = tokens[37 * slot.seq_id : 37 * slot.seq_id + length]
         batch = Batch()
-        for i in range(length):
-            batch.add(tokens[i + 37 * seq_id], i, seq_id, i == length - 1)
+        for i, token in enumerate(prompt):
+            batch.add(token, i, slot.seq_id, i == length - 1)
         backend.decode(batch)
+        slots.appended(slot, prompt, chunk=True)
 
     def decode(decoding: tuple[int, ...], filled: bool) -> tuple[Any, float]:
+        """One token in each decoding slot, with the engine's fillers (`filled`) or not."""
+        fillers = slots.gap_fillers([(seq_id, 1) for seq_id in decoding]) if filled else {}
         batch = Batch()
         for seq_id, length in enumerate(PROMPT_LENGTHS):
             if seq_id in decoding:
                 batch.add(tokens[500 + seq_id], length, seq_id, True)
-            elif filled and min(decoding) < seq_id < max(decoding):
-                batch.add(FILLER_TOKEN, length, seq_id, False)
+            elif seq_id in fillers:
+                batch.add(FILLER_TOKEN, fillers[seq_id], seq_id, False)
         began = time.perf_counter()
         logits = np.array(backend.decode(batch))
         seconds = time.perf_counter() - began
-        for seq_id, length in enumerate(PROMPT_LENGTHS):
-            backend.seq_rm(seq_id, length)
+        slots.drop_fillers(fillers)
+        for seq_id in decoding:
+            backend.seq_rm(seq_id, PROMPT_LENGTHS[seq_id])
         return logits, seconds
 
     rows = []
@@ -80,6 +87,7 @@ def measure(model: Path, threads: int, reps: int) -> list[dict[str, Any]]:
             {
                 "decoding_slots": list(decoding),
                 "passes_split": len(backend.passes(layout)),
+                "filler_rows": len(slots.gap_fillers(layout)),
                 "ms_split": round(split_ms, 2),
                 "ms_filled": round(filled_ms, 2),
                 "split_over_filled": round(split_ms / filled_ms, 2),

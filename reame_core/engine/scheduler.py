@@ -346,17 +346,17 @@ class Scheduler:
         feeds = []
         for seq in decoding:
             draft = drafts.get(seq.key) if drafts else None
-            feeds.append((seq, [seq.next_token, *draft.tokens] if draft else [seq.next_token]))
-        fillers = self.slots.gap_fillers([(seq.seq_id, len(tokens)) for seq, tokens in feeds])
+            tokens = [seq.next_token, *draft.tokens] if draft else [seq.next_token]
+            feeds.append((seq, draft, tokens))
+        fillers = self.slots.gap_fillers([(seq.seq_id, len(tokens)) for seq, _, tokens in feeds])
         gaps = sorted(fillers.items(), reverse=True)
         batch = Batch()
         planned = []
         rows = 0
-        for seq, tokens in feeds:
+        for seq, draft, tokens in feeds:
             while gaps and gaps[-1][0] < seq.seq_id:
                 seq_id, position = gaps.pop()
                 batch.add(FILLER_TOKEN, position, seq_id, False)
-            draft = drafts.get(seq.key) if drafts else None
             # Certain tokens need no row of their own: only the one after them is sampled.
             unverified = draft is not None and draft.certain and not seq.group.keeps_logprobs
             last = len(tokens) - 1
