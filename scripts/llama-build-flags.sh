@@ -24,10 +24,25 @@
 # GGML_FA_ROW_EXACT=1 is set (Reame's deterministic configuration sets it; llama-server,
 # built from the same source, keeps llama.cpp's own paths). docs/ARCHITECTURE.md,
 # "Determinism", says why.
+#
+# On every host the source gets patches/llama-graph-cache.patch: llama.cpp reuses a decode's
+# graph only when the decode before had the same shape, and builds and allocates a new one
+# otherwise; drafts verified between plain steps change the shape at almost every decode.
+# With LLAMA_GRAPH_CACHE=N the context keeps N more graphs of up to LLAMA_GRAPH_CACHE_TOKENS
+# tokens, each in a scheduler of its own, and reuses any that fits (benchmarks/graph_cache.py).
+#
+# On every host the source gets patches/ggml-hugepages.patch: with GGML_HUGEPAGES=1, on Linux,
+# ggml asks for transparent huge pages for its buffers of 2 MiB or more, where the kernel
+# gives them only to memory that asks (benchmarks/hugepages.py: in 4 KiB pages a decode's speed depended on
+# where the weights landed). Reame sets both switches; llama-server keeps llama.cpp's ways.
 
 cpu_flags=$(grep -m1 -E '^(flags|Features)' "${REAME_CPUINFO:-/proc/cpuinfo}" || true)
 cmake_args="-DGGML_NATIVE=ON"
-patches=("$here/patches/ggml-fa-row-exact.patch")
+patches=(
+    "$here/patches/ggml-fa-row-exact.patch"
+    "$here/patches/llama-graph-cache.patch"
+    "$here/patches/ggml-hugepages.patch"
+)
 if [[ $(uname -m) == x86_64 ]]; then
     if [[ " $cpu_flags " == *" amx_int8 "* && ${REAME_NO_AMX:-0} != 1 ]]; then
         patches+=("$here/patches/ggml-amx-tile-config.patch" "$here/patches/ggml-amx-row-kernels.patch")

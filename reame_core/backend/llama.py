@@ -70,6 +70,22 @@ _UNKNOWN_TRAINED_CTX = 4096
 CHUNK_GRID = 16
 T = TypeVar("T")
 
+# llama.cpp's buffers of 2 MiB or more in transparent huge pages (scripts/patches/
+# ggml-hugepages.patch), where the kernel gives them only to memory that asks: in 4 KiB pages
+# a decode's speed depended on where its weights landed. Read once, at the first buffer.
+HUGEPAGES_ENV = "GGML_HUGEPAGES"
+
+# Graphs llama.cpp keeps besides the last decode's (scripts/patches/llama-graph-cache.patch):
+# it reuses a decode's graph only when the decode before had the same shape, and a draft
+# verified between plain steps changes the shape at almost every step. With the switch it
+# keeps this many more graphs of up to `GRAPH_CACHE_TOKENS` tokens, each in a scheduler of
+# its own, and reuses any that fits. Read at each context's creation; builds without the
+# patch ignore it.
+GRAPH_CACHE_ENV = "LLAMA_GRAPH_CACHE"
+GRAPH_CACHE = 8
+GRAPH_CACHE_TOKENS_ENV = "LLAMA_GRAPH_CACHE_TOKENS"
+GRAPH_CACHE_TOKENS = 32
+
 # Up to this many tokens, setting the llama_batch's items one by one is cheaper than
 # building arrays and copying them (decode steps, short drafts).
 _FEW = 32
@@ -289,6 +305,7 @@ class LlamaBackend:
         # AMX build's row kernels: bit-identical rows, faster than AMX tiles. Before the
         # first product, as ggml reads it once; GGML_AMX_VNNI_ROWS=1 keeps ggml's choice.
         os.environ.setdefault(AMX_ROWS_ENV, str(AMX_ROWS))
+        os.environ.setdefault(HUGEPAGES_ENV, "1")
         model_params = llama_cpp.llama_model_default_params()
         # False keeps weights out of CPU_REPACK and AMX buffers: the build check's fallback
         # where the default load crashes (reame_core/backend/probe.py).
@@ -333,6 +350,8 @@ class LlamaBackend:
             # without the patch ignores it; the build check then finds f16 flash attention
             # inexact and the plan keeps q8_0 keys. GGML_FA_ROW_EXACT=0 turns it off.
             os.environ.setdefault(ROW_EXACT_ENV, "1")
+        os.environ.setdefault(GRAPH_CACHE_ENV, str(GRAPH_CACHE))
+        os.environ.setdefault(GRAPH_CACHE_TOKENS_ENV, str(GRAPH_CACHE_TOKENS))
         try:
             self._ctx = _on_a_thread_of_its_own(
                 llama_cpp.llama_init_from_model, self._model, ctx_params, free=llama_cpp.llama_free

@@ -1,0 +1,163 @@
+"""What transparent huge pages for llama.cpp's buffers change (`GGML_HUGEPAGES`,
+scripts/patches/ggml-hugepages.patch).
+
+A decode reads every weight once. In 4 KiB pages, how fast it reads them depends on where
+the buffers landed: on a shared KVM host, of several contexts of one model loaded in one
+process, one ran 10-15% slower than the others throughout, and which process or context
+drew that was luck. Where the kernel gives huge pages only to memory that asks for them
+(`/sys/kernel/mm/transparent_hugepage/enabled` set to madvise, the usual default), the
+patch asks, for every buffer of 2 MiB or more: weights, KV cache, compute buffers.
+
+Each repetition runs two fresh processes, the switch on and off, taking turns at going
+first (ggml reads the switch once per process). Each loads the model as `reame serve` loads
+it on this host, computes a prompt of `PROMPT` tokens three times, then `STEPS` one-token steps, and
+reports the prompt's tokens per second (the best of two more, and the first, which also
+faults the buffers' pages in), the median step, and how much of its memory was in
+huge pages (AnonHugePages of /proc/self/smaps_rollup). Reported: medians over the
+repetitions, the ratios, every repetition's figures.
+
+    .venv/bin/python benchmarks/hugepages.py [--model PATH] [--reps 6] [--name hugepages]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PROMPT = 256
+STEPS = 120
+THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def _anon_huge_mib() -> float:
+    for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+        if line.startswith("AnonHugePages:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def child(model: str, threads: int) -> dict[str, Any]:
+    """One process's figures (the switch as the environment sets it)."""
+    import numpy as np
+
+    from reame_core.backend.base import Batch
+    from reame_core.runtime import planned_backend
+    from reame_core.settings import Settings
+
+    backend = planned_backend(Settings(model=model, threads=threads, log_level="warning"))
+    tokens = [int(t) for t in np.random.default_rng(5).integers(100, 5000, PROMPT + STEPS)]
+    prompt_s = []
+    for _ in range(3):  # the first also faults the buffers' pages in
+        backend.seq_rm(0, 0)
+        batch = Batch()
+        for position in range(PROMPT):
+            batch.add(tokens[position], position, 0, position == PROMPT - 1)
+        began = time.perf_counter()
+        backend.decode(batch)
+        prompt_s.append(time.perf_counter() - began)
+    steps = []
+    for position in range(PROMPT, PROMPT + STEPS):
+        batch = Batch()
+        batch.add(tokens[position], position, 0, True)
+        began = time.perf_counter()
+        backend.decode(batch)
+        steps.append(time.perf_counter() - began)
+    huge = _anon_huge_mib()
+    backend.close()
+    return {
+        "first_prompt_tok_s": round(PROMPT / prompt_s[0], 1),
+        "prompt_tok_s": round(PROMPT / min(prompt_s[1:]), 1),
+        "step_ms": round(statistics.median(steps) * 1000, 3),
+        "anon_huge_pages_mib": round(huge, 1),
+    }
+
+
+def _spread(runs: list[dict[str, Any]]) -> list[float]:
+    steps = [r["step_ms"] for r in runs]
+    return [min(steps), max(steps)]
+
+
+def _run(model: str, threads: int, switch: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", "--model", model, "--threads", str(threads)],
+        env={**os.environ, "GGML_HUGEPAGES": switch},
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
+    )
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", help="model alias or .gguf path (default: embedded)")
+    parser.add_argument("--reps", type=int, default=6)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--name", default="hugepages", help="results file name (no extension)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    from reame_core.models import resolve_model
+    from reame_core.settings import Settings
+
+    model = str(resolve_model(args.model or Settings().model).path)
+    if args.child:
+        print(json.dumps(child(model, args.threads)), flush=True)
+        return
+
+    from common import write_report
+
+    runs: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
+    for rep in range(args.reps):
+        for switch in ("1", "0") if rep % 2 == 0 else ("0", "1"):
+            side = "on" if switch == "1" else "off"
+            runs[side].append(_run(model, args.threads, switch))
+            print(side, runs[side][-1], flush=True)
+
+    def median(side: str, key: str) -> float:
+        return float(statistics.median(r[key] for r in runs[side]))
+
+    summary = {
+        "step_ms_on": median("on", "step_ms"),
+        "step_ms_off": median("off", "step_ms"),
+        "decode_speedup": round(median("off", "step_ms") / median("on", "step_ms"), 3),
+        "prompt_tok_s_on": median("on", "prompt_tok_s"),
+        "prompt_tok_s_off": median("off", "prompt_tok_s"),
+        "prompt_speedup": round(median("on", "prompt_tok_s") / median("off", "prompt_tok_s"), 3),
+        "first_prompt_speedup": round(
+            median("on", "first_prompt_tok_s") / median("off", "first_prompt_tok_s"), 3
+        ),
+        "step_ms_spread_on": _spread(runs["on"]),
+        "step_ms_spread_off": _spread(runs["off"]),
+    }
+    print(summary)
+    path = write_report(
+        args.name,
+        {
+            "model": Path(model).name,
+            "threads": args.threads,
+            "reps": args.reps,
+            "prompt_tokens": PROMPT,
+            "steps": STEPS,
+            "transparent_hugepage": THP_SETTING.read_text().strip()
+            if THP_SETTING.exists()
+            else None,
+            "command": " ".join(["python", "benchmarks/hugepages.py", *sys.argv[1:]]),
+            **summary,
+            "runs": runs,
+        },
+    )
+    print(f"written to {path}")
+
+
+if __name__ == "__main__":
+    main()

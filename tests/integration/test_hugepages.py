@@ -1,0 +1,68 @@
+"""Reame's build asks the kernel for transparent huge pages for llama.cpp's buffers of 2 MiB
+or more (`GGML_HUGEPAGES`, scripts/patches/ggml-hugepages.patch; Reame sets it): with 4 KiB
+pages a decode's speed depended on where its weights landed. Checked: with the switch the
+model's buffers are in huge pages wherever the kernel gives them to memory that asks, and
+the logits do not change. Each side in a process of its own (ggml reads the switch once).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def _child(model: str) -> None:
+    from reame_core.backend.base import Batch
+    from reame_core.backend.llama import LlamaBackend
+
+    backend = LlamaBackend(model, n_ctx_seq=512, n_seq_max=1, n_batch=64, n_threads=2)
+    batch = Batch()
+    for position, token in enumerate(range(200, 240)):
+        batch.add(token, position, 0, position == 39)
+    logits = np.array(backend.decode(batch))
+    huge_kib = 0
+    for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+        if line.startswith("AnonHugePages:"):
+            huge_kib = int(line.split()[1])
+    backend.close()
+    print(json.dumps({"huge_kib": huge_kib, "logits": logits.tolist()}))
+
+
+def _run(model: Path, switch: str) -> dict[str, object]:
+    done = subprocess.run(
+        [sys.executable, __file__, str(model)],
+        env={**os.environ, "GGML_HUGEPAGES": switch},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_buffers_ask_for_huge_pages_and_logits_stay(smollm2_path: Path) -> None:
+    if not sys.platform.startswith("linux") or not THP_SETTING.exists():
+        pytest.skip("transparent huge pages are a Linux feature")
+    if "[never]" in THP_SETTING.read_text():
+        pytest.skip("transparent huge pages are switched off on this host")
+    on = _run(smollm2_path, "1")
+    off = _run(smollm2_path, "0")
+    # SmolLM2's weights alone take some 90 MiB of buffers, its KV cache and compute buffer more.
+    assert isinstance(on["huge_kib"], int) and on["huge_kib"] >= 32 * 1024
+    if "[madvise]" in THP_SETTING.read_text():
+        assert isinstance(off["huge_kib"], int) and off["huge_kib"] < on["huge_kib"]
+    assert on["logits"] == off["logits"]
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1])
