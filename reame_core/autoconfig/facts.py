@@ -15,6 +15,7 @@ from pathlib import Path
 
 _SYS_CPU = Path("/sys/devices/system/cpu")
 _CGROUP = Path("/sys/fs/cgroup")
+_HUGE_PAGES = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,9 @@ class HostFacts:
     disk_free: int
     disk_path: Path
     other_disks: Mapping[Path, int] = field(default_factory=dict)
+    # The kernel's transparent huge pages: "always", "madvise" (only to memory that asks, as
+    # llama.cpp's buffers do in Reame's build), "never", or "unknown" (not Linux).
+    huge_pages: str = "unknown"
 
     def free_disk(self, path: Path | None) -> tuple[int, Path]:
         """Free bytes where `path` is (None: `disk_path`), and the path they were read at."""
@@ -50,7 +54,19 @@ def read_host_facts(disk_path: Path, other_paths: Iterable[Path] = ()) -> HostFa
         disk_free=free_disk_bytes(disk_path),
         disk_path=disk_path,
         other_disks={path: free_disk_bytes(path) for path in other_paths},
+        huge_pages=transparent_huge_pages(),
     )
+
+
+def transparent_huge_pages() -> str:
+    """The kernel's transparent huge page mode, as sysfs marks it ("always [madvise] never"),
+    or "unknown" where there is no such file."""
+    try:
+        text = _HUGE_PAGES.read_text()
+    except OSError:
+        return "unknown"
+    start, end = text.find("["), text.find("]")
+    return text[start + 1 : end] if 0 <= start < end else "unknown"
 
 
 def physical_cores(allowed: Iterable[int], siblings: Mapping[int, str]) -> int:

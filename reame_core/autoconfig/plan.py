@@ -179,7 +179,15 @@ def plan_host(
         f"{size(facts.memory_available)} available of {size(facts.memory_total)}: model "
         f"{size(shape.file_bytes)}, KV cache {size(kv_bytes)}, compute buffers about "
         f"{size(compute)}, {size(RUNTIME_RESERVE)} kept for the rest"
+        f"{_HUGE_PAGES.get(facts.huge_pages, '')}"
     )
+    if facts.huge_pages == "never":
+        warnings.append(
+            "transparent huge pages are off on this host (never): llama.cpp's buffers sit in "
+            "4 KiB pages, which decoded a 1.5B model up to 1.19x slower (docs/BENCHMARKS.md); "
+            "as root, `echo madvise > /sys/kernel/mm/transparent_hugepage/enabled` lets them "
+            "ask for huge pages"
+        )
     return HostPlan(
         threads=threads,
         ctx=ctx,
@@ -194,6 +202,13 @@ def plan_host(
         ),
         warnings=tuple(warnings),
     )
+
+
+_HUGE_PAGES = {  # transparent huge pages, as the memory line names them
+    "always": "; huge pages: always",
+    "madvise": "; huge pages: to memory that asks (Reame's llama.cpp build asks for its buffers)",
+    "never": "; huge pages: never (switched off on this host)",
+}
 
 
 def _threads(settings: Settings, facts: HostFacts) -> Choice[int]:

@@ -301,6 +301,44 @@ def test_a_cgroup_memory_limit_bounds_the_memory_facts(
     assert facts.memory_available <= 412 * MIB
 
 
+@pytest.mark.parametrize(
+    ("sysfs", "mode"),
+    [
+        ("always [madvise] never\n", "madvise"),
+        ("[always] madvise never\n", "always"),
+        ("", "unknown"),
+    ],
+)
+def test_the_huge_page_mode_is_read_from_sysfs(
+    sysfs: str, mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    setting = tmp_path / "enabled"
+    setting.write_text(sysfs)
+    monkeypatch.setattr(facts_module, "_HUGE_PAGES", setting)
+
+    assert facts_module.transparent_huge_pages() == mode
+
+
+def test_a_host_without_the_huge_page_setting_reads_unknown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(facts_module, "_HUGE_PAGES", tmp_path / "absent")
+
+    assert facts_module.transparent_huge_pages() == "unknown"
+
+
+def test_the_plan_says_whether_buffers_get_huge_pages_and_warns_where_none() -> None:
+    asks = plan(replace(host(), huge_pages="madvise"), SMOLLM2)
+    off = plan(replace(host(), huge_pages="never"), SMOLLM2)
+    unknown = plan(host(), SMOLLM2)
+
+    assert "huge pages: to memory that asks" in asks.memory
+    assert not any("huge pages" in warning for warning in asks.warnings)
+    assert "huge pages: never" in off.memory
+    assert any("transparent huge pages are off" in warning for warning in off.warnings)
+    assert "huge pages" not in unknown.memory and not unknown.warnings
+
+
 FASTER_AND_EXACT = AttentionFacts(prompt_gain_without_flash=4.4, exact_without_flash=True)
 
 
