@@ -1,6 +1,6 @@
 """scripts/llama-wheel's cache key: one build per CPU; every host gets the row-exact flash
-attention patch, AMX hosts the AMX patch too; scripts/llama-server builds llama.cpp the same
-way (llama-build-flags.sh)."""
+attention, kept-graphs and huge-pages patches, AMX hosts the AMX patches too;
+scripts/llama-server builds llama.cpp the same way (llama-build-flags.sh)."""
 
 from __future__ import annotations
 
@@ -69,10 +69,13 @@ def build_flags(tmp_path: Path, flags: str, **env: str) -> tuple[str, list[str]]
     return cmake_args, patches
 
 
+EVERY_HOST = ["ggml-fa-row-exact.patch", "llama-graph-cache.patch", "ggml-hugepages.patch"]
+
+
 def test_an_amx_host_builds_with_the_patches_and_amx_left_in(tmp_path: Path) -> None:
     cmake_args, patches = build_flags(tmp_path, AMX)
     assert [Path(p).name for p in patches] == [
-        "ggml-fa-row-exact.patch",
+        *EVERY_HOST,
         "ggml-amx-tile-config.patch",
         "ggml-amx-row-kernels.patch",  # applies on top of the tile configuration's
     ]
@@ -80,10 +83,12 @@ def test_an_amx_host_builds_with_the_patches_and_amx_left_in(tmp_path: Path) -> 
     assert "-mno-amx" not in cmake_args
 
 
-def test_elsewhere_amx_is_left_out_and_only_attention_patched(tmp_path: Path) -> None:
+def test_elsewhere_amx_is_left_out_and_only_the_every_host_patches_applied(
+    tmp_path: Path,
+) -> None:
     for flags, env in ((AVX512, {}), (AMX, {"REAME_NO_AMX": "1"})):
         cmake_args, patches = build_flags(tmp_path, flags, **env)
-        assert [Path(p).name for p in patches] == ["ggml-fa-row-exact.patch"]
+        assert [Path(p).name for p in patches] == EVERY_HOST
         assert "-mno-amx-int8" in cmake_args
 
 
