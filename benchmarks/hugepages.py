@@ -33,7 +33,6 @@ from typing import Any
 
 PROMPT = 256
 STEPS = 120
-THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
 def _anon_huge_mib() -> float:
@@ -85,9 +84,11 @@ def _spread(runs: list[dict[str, Any]]) -> list[float]:
 
 
 def _run(model: str, threads: int, switch: str) -> dict[str, Any]:
+    from reame_core.backend.llama import HUGEPAGES_ENV
+
     done = subprocess.run(
         [sys.executable, __file__, "--child", "--model", model, "--threads", str(threads)],
-        env={**os.environ, "GGML_HUGEPAGES": switch},
+        env={**os.environ, HUGEPAGES_ENV: switch},
         capture_output=True,
         text=True,
         timeout=900,
@@ -115,6 +116,8 @@ def main() -> None:
         return
 
     from common import write_report
+
+    from reame_core.autoconfig.facts import transparent_huge_pages
 
     runs: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
     for rep in range(args.reps):
@@ -148,9 +151,7 @@ def main() -> None:
             "reps": args.reps,
             "prompt_tokens": PROMPT,
             "steps": STEPS,
-            "transparent_hugepage": THP_SETTING.read_text().strip()
-            if THP_SETTING.exists()
-            else None,
+            "transparent_hugepage": transparent_huge_pages(),
             "command": " ".join(["python", "benchmarks/hugepages.py", *sys.argv[1:]]),
             **summary,
             "runs": runs,

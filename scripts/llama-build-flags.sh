@@ -33,8 +33,9 @@
 #
 # On every host the source gets patches/ggml-hugepages.patch: with GGML_HUGEPAGES=1, on Linux,
 # ggml asks for transparent huge pages for its buffers of 2 MiB or more, where the kernel
-# gives them only to memory that asks (benchmarks/hugepages.py: in 4 KiB pages a decode's speed depended on
-# where the weights landed). Reame sets both switches; llama-server keeps llama.cpp's ways.
+# gives them only to memory that asks (benchmarks/hugepages.py: in 4 KiB pages a decode's
+# speed depended on where the weights landed). Reame sets both switches; llama-server keeps
+# llama.cpp's ways.
 
 cpu_flags=$(grep -m1 -E '^(flags|Features)' "${REAME_CPUINFO:-/proc/cpuinfo}" || true)
 cmake_args="-DGGML_NATIVE=ON"

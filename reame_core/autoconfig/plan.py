@@ -179,7 +179,7 @@ def plan_host(
         f"{size(facts.memory_available)} available of {size(facts.memory_total)}: model "
         f"{size(shape.file_bytes)}, KV cache {size(kv_bytes)}, compute buffers about "
         f"{size(compute)}, {size(RUNTIME_RESERVE)} kept for the rest"
-        f"{_HUGE_PAGES.get(facts.huge_pages, '')}"
+        f"{_HUGE_PAGES_NOTE.get(facts.huge_pages, '')}"
     )
     if facts.huge_pages == "never":
         warnings.append(
@@ -204,7 +204,7 @@ def plan_host(
     )
 
 
-_HUGE_PAGES = {  # transparent huge pages, as the memory line names them
+_HUGE_PAGES_NOTE = {  # transparent huge pages, as the memory line names them
     "always": "; huge pages: always",
     "madvise": "; huge pages: to memory that asks (Reame's llama.cpp build asks for its buffers)",
     "never": "; huge pages: never (switched off on this host)",

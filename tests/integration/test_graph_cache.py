@@ -10,7 +10,7 @@ default number.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import llama_cpp
@@ -22,6 +22,7 @@ from reame_core.backend.llama import GRAPH_CACHE, GRAPH_CACHE_ENV, LlamaBackend
 from reame_core.models.shape import KVType
 
 PROMPT = 24
+DecodeWith = Callable[[dict[str, str]], tuple[np.ndarray, int]]
 # Each step: (sequence, tokens) decoded together, every row's logits kept; then each
 # sequence keeps some of its tokens and the rest are removed, as after a verified draft.
 STEP_CYCLE = (
@@ -72,7 +73,7 @@ def run(
     flash_attn: bool,
     kv_types: tuple[KVType, KVType],
     monkeypatch: pytest.MonkeyPatch,
-) -> Iterator[object]:
+) -> Iterator[DecodeWith]:
     def decode_with(environment: dict[str, str]) -> tuple[np.ndarray, int]:
         """The schedule's logits in a context made with `environment`, and how many of
         its decodes reused a graph."""
@@ -100,7 +101,7 @@ def run(
     yield decode_with
 
 
-def test_kept_graphs_give_the_logits_of_graphs_built_anew(run) -> None:  # type: ignore[no-untyped-def]
+def test_kept_graphs_give_the_logits_of_graphs_built_anew(run: DecodeWith) -> None:
     built_anew, _ = run({"LLAMA_GRAPH_REUSE_DISABLE": "1", GRAPH_CACHE_ENV: "0"})
     last_only, reused_last = run({"LLAMA_GRAPH_REUSE_DISABLE": "0", GRAPH_CACHE_ENV: "0"})
     few, reused_few = run({GRAPH_CACHE_ENV: "2"})

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+from reame_core.autoconfig.facts import transparent_huge_pages
+from reame_core.backend.llama import HUGEPAGES_ENV
 
 
 def _child(model: str) -> None:
@@ -39,7 +40,7 @@ def _child(model: str) -> None:
 def _run(model: Path, switch: str) -> dict[str, object]:
     done = subprocess.run(
         [sys.executable, __file__, str(model)],
-        env={**os.environ, "GGML_HUGEPAGES": switch},
+        env={**os.environ, HUGEPAGES_ENV: switch},
         capture_output=True,
         text=True,
         timeout=300,
@@ -51,15 +52,16 @@ def _run(model: Path, switch: str) -> dict[str, object]:
 
 
 def test_buffers_ask_for_huge_pages_and_logits_stay(smollm2_path: Path) -> None:
-    if not sys.platform.startswith("linux") or not THP_SETTING.exists():
+    mode = transparent_huge_pages()
+    if not sys.platform.startswith("linux") or mode == "unknown":
         pytest.skip("transparent huge pages are a Linux feature")
-    if "[never]" in THP_SETTING.read_text():
+    if mode == "never":
         pytest.skip("transparent huge pages are switched off on this host")
     on = _run(smollm2_path, "1")
     off = _run(smollm2_path, "0")
     # SmolLM2's weights alone take some 90 MiB of buffers, its KV cache and compute buffer more.
     assert isinstance(on["huge_kib"], int) and on["huge_kib"] >= 32 * 1024
-    if "[madvise]" in THP_SETTING.read_text():
+    if mode == "madvise":
         assert isinstance(off["huge_kib"], int) and off["huge_kib"] < on["huge_kib"]
     assert on["logits"] == off["logits"]
 
