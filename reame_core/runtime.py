@@ -147,6 +147,7 @@ def start_runtime(
         speculate=settings.speculate,
         adapt_threads=settings.adapt_threads,
         max_sessions=settings.max_sessions,
+        sessions_first=settings.sessions_first,
         exact_reuse=settings.deterministic,
     ).start()
     log.info(

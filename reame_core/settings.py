@@ -117,6 +117,11 @@ class Settings(BaseSettings):
     max_sessions: int | None = Field(
         None, ge=0, description="Sessions whose KV stays pinned (default: half the slots)."
     )
+    sessions_first: bool = Field(
+        True,
+        description="Admit a waiting conversation turn (a request naming its session) "
+        "before waiting requests that name none.",
+    )
     web: bool = Field(
         True, description="Serve the web page at / (a chat with the model, and the status)."
     )

@@ -173,6 +173,13 @@ def build_parser(plugins: PluginHost | None = None) -> argparse.ArgumentParser:
     )
     serve.add_argument("--max-sessions", type=int, help="conversations whose KV stays pinned")
     serve.add_argument(
+        "--sessions-first",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="admit waiting conversation turns (requests naming a session) before requests "
+        "naming none (default: on; --no-sessions-first: first come, first served)",
+    )
+    serve.add_argument(
         "--no-web",
         action="store_false",
         dest="web",
@@ -258,7 +265,8 @@ def settings_from(args: argparse.Namespace, **extra: Any) -> Settings:
         "threads", "ctx", "parallel", "kv_type", "cache_dir", "batch", "deterministic",
         "adapt_threads", "disable_plugins",
         "log_json", "log_prompts", "log_level", "host", "port", "api_keys", "api_key_file",
-        "max_queue", "max_body_bytes", "drain_seconds", "cors_origins", "max_sessions", "speculate",
+        "max_queue", "max_body_bytes", "drain_seconds", "cors_origins", "max_sessions",
+        "sessions_first", "speculate",
         "draft_max", "draft_model", "web",
     )  # fmt: skip
     overrides = {name: getattr(args, name, None) for name in fields}

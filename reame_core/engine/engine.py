@@ -70,6 +70,7 @@ class Engine:
         draft_max: int = 16,
         speculate: Mode = "auto",
         max_sessions: int | None = None,
+        sessions_first: bool = True,
         exact_reuse: bool = True,
         cpu_share: CpuShare | None = None,
         adapt_threads: bool = True,
@@ -103,6 +104,7 @@ class Engine:
             draft_sources,
             self.stats,
             prefill_chunk,
+            sessions_first=sessions_first,
         )
         self.runner = ModelRunner(
             backend, self.slots, self.governor, self.hook, self.stats, cpu_share

@@ -76,6 +76,8 @@ class Scheduler:
         draft_sources: Mapping[str, Any],
         stats: EngineStats,
         prefill_chunk: int,
+        *,
+        sessions_first: bool = True,
     ) -> None:
         self.slots = slots
         self.info = info
@@ -83,6 +85,7 @@ class Scheduler:
         self.governor = governor
         self.stats = stats
         self.prefill_chunk = prefill_chunk
+        self.sessions_first = sessions_first
         self.waiting: deque[RequestGroup] = deque()
         self.running: list[RequestGroup] = []
         self._draft_sources = dict(draft_sources)
@@ -97,20 +100,29 @@ class Scheduler:
         """The next waiting request whose candidates the free slots hold, now running.
 
         First come, first served; but a request waiting for more slots than are free can
-        be passed by later ones that fit, at most `n_seq_max` of them. After that nothing
-        starts before it, so the running requests free its slots as they finish: a wide
-        request waits a bounded time, and small ones are not held up behind it meanwhile.
-        Candidates a running request starts later wait the same way (see `overdue`).
+        be passed by later ones that fit, and with `sessions_first` a conversation's turn
+        (a request naming its session) passes requests that name none: someone is waiting
+        for each answer before asking the next, so every wait in the queue adds to the
+        whole conversation's time, while a request on its own waits once. Either way the
+        request at the head is passed by at most `n_seq_max` others. After that nothing
+        starts before it, so the running requests free its slots as they finish: it waits
+        a bounded time, and others are not held up behind it meanwhile. Candidates a
+        running request starts later wait the same way (see `overdue`).
         """
         if not self.waiting:
             return None
         head = self.waiting[0]
         free = self.slots.free_count()
-        group = head if head.width <= free else None
-        if group is None and head.passed_by < self.info.n_seq_max:
+        may_pass = head.passed_by < self.info.n_seq_max
+        group = None
+        if self.sessions_first and may_pass:
+            group = next((g for g in self.waiting if _turn(g) and g.width <= free), None)
+        if group is None and head.width <= free:
+            group = head
+        if group is None and may_pass:
             group = next((g for g in self.waiting if g.width <= free), None)
-            if group is not None:
-                head.passed_by += 1
+        if group is not None and group is not head:
+            head.passed_by += 1
         if group is not None:
             for running in self.running:
                 if running.to_start:
@@ -446,3 +458,8 @@ class Scheduler:
 
 def _seq_id(seq: Candidate) -> int:
     return seq.seq_id
+
+
+def _turn(group: RequestGroup) -> bool:
+    """Whether a request is a turn of a conversation (it names its session)."""
+    return group.request.session_id is not None

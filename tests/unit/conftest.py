@@ -29,9 +29,9 @@ from reame_core.settings import Settings
 def make_engine() -> Iterator[Callable[..., Engine]]:
     """Build an `Engine` over a fresh `FakeBackend`; its thread is stopped after the test.
 
-    Keyword arguments other than `plugins`, `prefill_chunk`, `draft_max`, `speculate` and
-    `start` go to `FakeBackend`. With ``start=False`` the caller drives the engine with
-    `engine.step()`.
+    Keyword arguments other than `plugins`, `prefill_chunk`, `draft_max`, `speculate`,
+    `sessions_first` and `start` go to `FakeBackend`. With ``start=False`` the caller drives
+    the engine with `engine.step()`.
     """
     engines: list[Engine] = []
 
@@ -41,6 +41,7 @@ def make_engine() -> Iterator[Callable[..., Engine]]:
         prefill_chunk: int = 128,
         draft_max: int = 8,
         speculate: Mode = "auto",
+        sessions_first: bool = True,
         start: bool = True,
         **backend_options: Any,
     ) -> Engine:
@@ -51,6 +52,7 @@ def make_engine() -> Iterator[Callable[..., Engine]]:
             prefill_chunk=prefill_chunk,
             draft_max=draft_max,
             speculate=speculate,
+            sessions_first=sessions_first,
         )
         engines.append(engine)
         return engine.start() if start else engine

@@ -365,6 +365,54 @@ def test_requests_beyond_the_slots_wait_for_a_free_slot(
     assert all(finish_of(e).candidates[0].finish_reason == "length" for e in events)
 
 
+def _admission_order(engine: Engine, drive: Drive, queued: dict[str, str | None]) -> list[str]:
+    """Submit a request that takes the only slot, then `queued` (name: session id) while
+    it runs; the order in which the queued ones started."""
+    started: list[str] = []
+    engine.submit(request([5, 6, 7], max_tokens=6), lambda event: None)
+    engine.step()
+    for name, session in queued.items():
+        queued_request = GenerationRequest([9, 3], SamplingParams(max_tokens=3), session_id=session)
+
+        def emit(event: Event, name: str = name) -> None:
+            if name not in started:
+                started.append(name)
+
+        engine.submit(queued_request, emit)
+    drive(engine)
+    return started
+
+
+def test_a_conversation_turn_starts_before_earlier_requests_naming_no_session(
+    make_engine: MakeEngine, drive: Drive
+) -> None:
+    engine = make_engine(start=False, n_seq_max=1)
+
+    order = _admission_order(engine, drive, {"batch 1": None, "batch 2": None, "turn": "chat"})
+
+    assert order == ["turn", "batch 1", "batch 2"]
+
+
+def test_without_sessions_first_requests_start_in_arrival_order(
+    make_engine: MakeEngine, drive: Drive
+) -> None:
+    engine = make_engine(start=False, n_seq_max=1, sessions_first=False)
+
+    order = _admission_order(engine, drive, {"batch 1": None, "batch 2": None, "turn": "chat"})
+
+    assert order == ["batch 1", "batch 2", "turn"]
+
+
+def test_a_waiting_request_is_passed_by_at_most_as_many_turns_as_there_are_slots(
+    make_engine: MakeEngine, drive: Drive
+) -> None:
+    engine = make_engine(start=False, n_seq_max=1)
+
+    order = _admission_order(engine, drive, {"batch": None, "a": "chat a", "b": "chat b"})
+
+    assert order == ["a", "batch", "b"]
+
+
 # ---------------------------------------------------------------- prefix reuse
 
 
