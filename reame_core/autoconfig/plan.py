@@ -46,7 +46,8 @@ MIN_CTX = 512
 CTX_STEP = 256
 SLOTS_PER_THREAD = 2
 MAX_AUTO_SLOTS = 16
-# Python, the HTTP server, llama.cpp's own small buffers and the rest of the system.
+# Python, the HTTP server, llama.cpp's own small buffers, the KV states of sessions whose
+# slots were taken (at most engine.slots.SPILL_BYTES) and the rest of the system.
 RUNTIME_RESERVE = 256 * MIB
 # Below this much free disk, no plugin gets a disk budget: models and logs need the room.
 MIN_DISK_FOR_CACHES = 1 * GIB

@@ -219,6 +219,7 @@ class Scheduler:
             self.slots.truncate(slot, match.length)
         else:
             self.slots.copy(match.slot, slot, match.length)
+        self.slots.restore_spilled(slot, session, prompt, limit)
         reused = len(slot.tokens)
         restored = self._restore_prefix(slot, prompt, reused, limit)
         group.usage.prompt_tokens = len(prompt)

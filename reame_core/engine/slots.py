@@ -19,6 +19,11 @@ it instead of taking it, and it is handed out only when no unpinned slot is free
 `max_sessions` slots are pinned; pinning one more unpins the least recently used. A slot
 also remembers whose conversation its KV holds (`Slot.conversation`), pinned or not, until
 another request takes it: what a fleet replica reports to its router (`conversations`).
+When every free slot is pinned and a request takes one, the exactly reusable part of the
+session's conversation is first copied out of the KV and kept in memory (at most
+`spill_bytes` of such states, the oldest dropped first), and the session's next turn loads
+it back instead of computing it again (`restore_spilled`): under a backlog a pinned slot is
+taken moments after its turn ends, and the next turn would otherwise find nothing.
 
 A decode step may write a throwaway row into a slot it does not decode, to join the
 sequence ids around it into one pass over the weights (`gap_fillers`); the row is removed
@@ -28,10 +33,13 @@ as soon as the step has run, so the record stays the truth between steps.
 from __future__ import annotations
 
 import itertools
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from reame_core.backend.base import Backend
+
+SPILL_BYTES = 64 << 20  # displaced sessions' KV states kept in memory, at most
 
 
 @dataclass
@@ -65,7 +73,12 @@ class KVRollbackError(RuntimeError):
 
 class KVSlots:
     def __init__(
-        self, backend: Backend, max_sessions: int | None = None, *, exact_reuse: bool = True
+        self,
+        backend: Backend,
+        max_sessions: int | None = None,
+        *,
+        exact_reuse: bool = True,
+        spill_bytes: int = SPILL_BYTES,
     ) -> None:
         self._backend = backend
         self._trim_safe = backend.info.prefix_trim_safe
@@ -76,6 +89,9 @@ class KVSlots:
         for slot in self.slots:  # the backend may hold a previous owner's sequences
             backend.seq_rm(slot.seq_id, -1, -1)
         self.max_sessions = len(self.slots) // 2 if max_sessions is None else max_sessions
+        self.spill_bytes = spill_bytes
+        self._spilled: OrderedDict[str, tuple[list[int], bytes]] = OrderedDict()  # oldest first
+        self._spilled_sessions: frozenset[str] = frozenset()  # its keys, for other threads
         self._clock = itertools.count(1)
 
     # ---------------------------------------------------------------- queries
@@ -170,6 +186,8 @@ class KVSlots:
                 free,
                 key=lambda s: (s.session is not None, _runs(busy | {s.seq_id}), s.last_used),
             )
+        if slot.session is not None and slot.session != session:
+            self._spill(slot)
         slot.busy = True
         slot.session = None
         slot.conversation = session
@@ -179,7 +197,49 @@ class KVSlots:
     def conversations(self) -> set[str]:
         """The sessions whose conversation some slot's KV holds, in a slot running its turn
         or kept since (pinned or not). Read from any thread: a moment's picture."""
-        return {s.conversation for s in list(self.slots) if s.conversation is not None}
+        held = {s.conversation for s in list(self.slots) if s.conversation is not None}
+        return held | self._spilled_sessions
+
+    def restore_spilled(
+        self, slot: Slot, session: str | None, prompt: Sequence[int], limit: int
+    ) -> bool:
+        """Load the session's conversation, kept in memory since its slot was taken
+        (`_spill`), into `slot` as far as it begins `prompt` (at most `limit` tokens, on
+        the grid), if that is more than the slot holds now. The kept state is dropped
+        either way: the session's turn moves its conversation on."""
+        kept = self._spilled.pop(session, None) if session is not None else None
+        if kept is None:
+            return False
+        self._spilled_sessions = frozenset(self._spilled)
+        tokens, state = kept
+        shared = self.reusable(min(common_prefix(tokens, prompt), limit))
+        if shared <= len(slot.tokens) or (shared < len(tokens) and not self._trim_safe):
+            return False
+        if not self.restore(slot, state, tokens):
+            return False
+        self.truncate(slot, shared)
+        return True
+
+    def _spill(self, slot: Slot) -> None:
+        """Keep the exactly reusable part of a pinned slot's KV, about to be taken over,
+        for its session's next turn (`restore_spilled`)."""
+        session = slot.session
+        length = self.reusable(slot.exact) if self._exact_reuse else len(slot.tokens)
+        if session is None or length < 2 or self.spill_bytes <= 0:
+            return
+        self.truncate(slot, length)
+        if len(slot.tokens) < length:  # a state that cannot be cut back: cleared
+            return
+        state = self._backend.get_seq_state(slot.seq_id)
+        if not state or len(state) > self.spill_bytes:
+            return
+        self._spilled.pop(session, None)
+        self._spilled[session] = (list(slot.tokens), state)
+        total = sum(len(kept) for _, kept in self._spilled.values())
+        while total > self.spill_bytes:
+            _, (_, dropped) = self._spilled.popitem(last=False)
+            total -= len(dropped)
+        self._spilled_sessions = frozenset(self._spilled)
 
     def release(self, slot: Slot, session: str | None = None) -> None:
         """The slot's sequence is done; its KV stays resident for reuse, pinned to

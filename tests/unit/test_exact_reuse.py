@@ -18,7 +18,7 @@ from reame_core.engine.slots import KVSlots, PrefixMatch
 from reame_core.hookspecs import hookimpl
 from reame_core.hooktypes import ModelInfo
 from reame_core.plugins import PluginHost
-from reame_core.request import GenerationRequest, SamplingParams
+from reame_core.request import Event, FinishEvent, GenerationRequest, SamplingParams
 
 
 def _prompt(text: str) -> list[int]:
@@ -52,6 +52,33 @@ def test_idle_engine_makes_a_session_answer_reusable() -> None:
         assert max(backend.batch_sizes) > 1
     finally:
         engine.stop()
+
+
+def test_a_session_whose_slot_was_taken_meanwhile_reuses_its_last_prompt() -> None:
+    engine = Engine(FakeBackend(n_seq_max=1), max_sessions=1)
+    prompt = _prompt("Tell me something.")
+    params = SamplingParams(max_tokens=12)
+    first = _finish(engine, GenerationRequest(prompt, params, session_id="s"))
+    _finish(engine, GenerationRequest(_prompt("Something else entirely."), params))
+    follow_up = [*prompt, *first.candidates[0].tokens, *b" And more?"]
+    second = _finish(engine, GenerationRequest(follow_up, params, session_id="s"))
+
+    # Its slot ran another request in between (the engine never idle, so the answer was
+    # not recomputed): the turn's prompt came back from memory, and only that.
+    assert second.usage.cached_tokens == len(prompt)
+    cold = Engine(FakeBackend(n_seq_max=1))
+    alone = _finish(cold, GenerationRequest(follow_up, params))
+    assert second.candidates[0].tokens == alone.candidates[0].tokens
+
+
+def _finish(engine: Engine, request: GenerationRequest) -> FinishEvent:
+    """Run one request to its end on an engine driven step by step, and stop stepping
+    there: the engine is never idle between requests."""
+    events: list[Event] = []
+    engine.submit(request, events.append)
+    while not events or not isinstance(events[-1], FinishEvent):
+        engine.step()
+    return events[-1]
 
 
 def test_fast_mode_reuses_generated_tokens_directly() -> None:

@@ -113,6 +113,71 @@ def test_a_slot_holds_its_sessions_conversation_until_another_request_takes_it()
     assert slots.conversations() == {"b", "c"}
 
 
+def _decoded(backend: FakeBackend, slots: KVSlots, slot: Slot, tokens: Sequence[int]) -> None:
+    """Decode `tokens` after what the slot holds one at a time, as answer tokens."""
+    for token in tokens:
+        batch = Batch()
+        batch.add(token, len(slot.tokens), slot.seq_id, True)
+        backend.decode(batch)
+        slots.appended(slot, [token])
+
+
+def test_a_pinned_slot_taken_over_keeps_the_exact_part_of_its_conversation_for_the_next_turn() -> (
+    None
+):
+    backend = FakeBackend(n_seq_max=1)
+    slots = KVSlots(backend, max_sessions=1)
+    slot = slots.acquire(session="chat")
+    fill(backend, slots, slot, [1, 2, 3, 4])  # the turn's prompt
+    _decoded(backend, slots, slot, [5, 6])  # its answer, not exactly reusable
+    slots.release(slot, "chat")
+
+    taken = slots.acquire()  # the only free slot: pinned, so its conversation is kept aside
+    assert taken is slot and slots.conversations() == {"chat"}
+    slots.truncate(taken, 0)
+    fill(backend, slots, taken, [7, 8, 9])
+    slots.release(taken)
+
+    again = slots.acquire(session="chat")
+    assert slots.restore_spilled(again, "chat", [1, 2, 3, 4, 5, 6, 10, 11], limit=6)
+    assert again.tokens == backend.kv[again.seq_id] == [1, 2, 3, 4]
+    assert again.exact == 4
+    assert not slots.restore_spilled(again, "chat", [1, 2, 3, 4, 5], limit=3)  # used once
+
+
+def test_a_kept_conversation_is_restored_only_where_the_next_prompt_continues_it() -> None:
+    backend = FakeBackend(n_seq_max=1)
+    slots = KVSlots(backend, max_sessions=1)
+    slot = slots.acquire(session="chat")
+    fill(backend, slots, slot, [1, 2, 3, 4])
+    slots.release(slot, "chat")
+    slots.release(slots.acquire())
+
+    again = slots.acquire(session="chat")
+    slots.truncate(again, 0)
+    assert slots.restore_spilled(again, "chat", [1, 2, 9, 9, 9], limit=3)
+    assert again.tokens == backend.kv[again.seq_id] == [1, 2]
+    assert not slots.restore_spilled(again, "other", [1, 2, 3, 4, 5], limit=3)
+
+
+def test_conversations_kept_aside_stay_within_their_memory_and_drop_the_oldest() -> None:
+    backend = FakeBackend(n_seq_max=1)
+    one_state = len(backend.get_seq_state(0)) + 4 * 4  # a state of four tokens
+    slots = KVSlots(backend, max_sessions=1, spill_bytes=one_state)
+    for session, prompt in (("a", [1, 2, 3, 4]), ("b", [5, 6, 7, 8])):
+        slot = slots.acquire(session=session)
+        slots.truncate(slot, 0)
+        fill(backend, slots, slot, prompt)
+        slots.release(slot, session)
+    slots.release(slots.acquire())  # takes "b"'s slot: "b" kept, "a" (kept before) dropped
+
+    assert slots.conversations() == {"b"}
+    slot = slots.acquire(session="a")
+    slots.truncate(slot, 0)
+    assert not slots.restore_spilled(slot, "a", [1, 2, 3, 4, 5], limit=4)
+    assert slots.restore_spilled(slot, "b", [5, 6, 7, 8, 9], limit=4)
+
+
 def test_released_slot_keeps_its_kv_resident(backend: FakeBackend, slots: KVSlots) -> None:
     slot = slots.acquire()
     fill(backend, slots, slot, [1, 2, 3])
