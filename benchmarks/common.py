@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from reame_core.backend.probe_child import AMX_ROWS_ENV, ROW_EXACT_ENV
+from reame_core.backend.probe_child import AMX_ROWS_ENV, AMX_WIDE_M_ENV, ROW_EXACT_ENV
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -39,13 +39,15 @@ def host_description() -> str:
     return f"{model}, {len(os.sched_getaffinity(0))} cores, {platform.machine()}"
 
 
-def measure(script: str, *args: str) -> dict[str, Any]:
-    """Run `script --child ARGS` in a fresh interpreter; it prints one JSON line last."""
+def measure(script: str, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run `script --child ARGS` in a fresh interpreter (with `env`, if given, as its
+    environment); it prints one JSON line last."""
     completed = subprocess.run(
         [sys.executable, script, "--child", *args],
         capture_output=True,
         text=True,
         check=False,
+        env=env,
     )
     if completed.returncode != 0:
         raise RuntimeError(f"measurement {args} failed:\n{completed.stderr[-2000:]}")
@@ -122,11 +124,16 @@ def wait_healthy(url: str, seconds: float = 60.0) -> bool:
 
 
 def stock_environment() -> dict[str, str]:
-    """This process's environment without Reame's switches of its build's patched kernels
-    (row-exact attention, AMX row kernels; set by any process that loaded llama.cpp through
-    Reame): llama-server, built from the same patched source, then runs llama.cpp's own
-    kernels, as its users run it."""
-    switches = (ROW_EXACT_ENV, AMX_ROWS_ENV)
+    """This process's environment without Reame's switches of its build's patches
+    (row-exact attention, AMX row kernels and wide products, huge pages, kept graphs; set by
+    any process that loaded llama.cpp through Reame): llama-server, built from the same
+    patched source, then runs llama.cpp's own ways, as its users run it."""
+    from reame_core.backend.llama import GRAPH_CACHE_ENV, GRAPH_CACHE_TOKENS_ENV, HUGEPAGES_ENV
+
+    switches = (
+        ROW_EXACT_ENV, AMX_ROWS_ENV, AMX_WIDE_M_ENV,
+        HUGEPAGES_ENV, GRAPH_CACHE_ENV, GRAPH_CACHE_TOKENS_ENV,
+    )  # fmt: skip
     return {name: value for name, value in os.environ.items() if name not in switches}
 
 

@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -84,18 +83,12 @@ def _spread(runs: list[dict[str, Any]]) -> list[float]:
 
 
 def _run(model: str, threads: int, switch: str) -> dict[str, Any]:
+    from common import measure
+
     from reame_core.backend.llama import HUGEPAGES_ENV
 
-    done = subprocess.run(
-        [sys.executable, __file__, "--child", "--model", model, "--threads", str(threads)],
-        env={**os.environ, HUGEPAGES_ENV: switch},
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=True,
-    )
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    env = {**os.environ, HUGEPAGES_ENV: switch}
+    return measure(__file__, "--model", model, "--threads", str(threads), env=env)
 
 
 def main() -> None:

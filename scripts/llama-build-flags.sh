@@ -19,6 +19,15 @@
 # row is computed as a one-row product computes it. Reame sets the switch; llama-server keeps
 # ggml's own choice.
 #
+# On a CPU with AMX the source also gets patches/ggml-amx-wide-m.patch: ggml's AMX kernel for
+# K-quant weights (Q4_K, Q5_K, Q6_K, IQ4_XS) unpacks each block of the weights into tiles
+# again for every 32 rows of a product, for a last block of one row as for a full one: a
+# prompt chunk of 33 tokens cost about 1.6 times one of 32 (benchmarks/amx_wide_m.py). With
+# GGML_AMX_WIDE_M=1 products of 33 to 128 rows whose last block is partial unpack each block
+# once and multiply it with every 16 rows in turn; each row is computed with the same
+# operations in the same order.
+# Reame sets the switch; llama-server keeps ggml's kernel.
+#
 # On every host the source gets patches/ggml-fa-row-exact.patch: a flash attention path that
 # computes every query row the same way whatever its batch and thread count, taken only when
 # GGML_FA_ROW_EXACT=1 is set (Reame's deterministic configuration sets it; llama-server,
@@ -46,7 +55,11 @@ patches=(
 )
 if [[ $(uname -m) == x86_64 ]]; then
     if [[ " $cpu_flags " == *" amx_int8 "* && ${REAME_NO_AMX:-0} != 1 ]]; then
-        patches+=("$here/patches/ggml-amx-tile-config.patch" "$here/patches/ggml-amx-row-kernels.patch")
+        patches+=(
+            "$here/patches/ggml-amx-tile-config.patch"
+            "$here/patches/ggml-amx-row-kernels.patch"
+            "$here/patches/ggml-amx-wide-m.patch"
+        )
     else
         # GCC honours -mno-amx-* after -march=native.
         no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"

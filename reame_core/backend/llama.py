@@ -29,7 +29,7 @@ from reame_core.backend.base import (
     equal_split_passes,
     simple_split_passes,
 )
-from reame_core.backend.probe_child import AMX_ROWS, AMX_ROWS_ENV, ROW_EXACT_ENV
+from reame_core.backend.probe_child import AMX_ROWS, AMX_ROWS_ENV, AMX_WIDE_M_ENV, ROW_EXACT_ENV
 from reame_core.errors import ModelLoadError
 from reame_core.hooktypes import FimTokens, ModelInfo
 from reame_core.models.shape import KVType, ModelShape, default_kv_types
@@ -305,6 +305,9 @@ class LlamaBackend:
         # AMX build's row kernels: bit-identical rows, faster than AMX tiles. Before the
         # first product, as ggml reads it once; GGML_AMX_VNNI_ROWS=1 keeps ggml's choice.
         os.environ.setdefault(AMX_ROWS_ENV, str(AMX_ROWS))
+        # Products of many rows (prompt chunks) with K-quant weights unpack each block of the
+        # weights once for all rows, not once per 32 (bit-identical rows).
+        os.environ.setdefault(AMX_WIDE_M_ENV, "1")
         os.environ.setdefault(HUGEPAGES_ENV, "1")
         model_params = llama_cpp.llama_model_default_params()
         # False keeps weights out of CPU_REPACK and AMX buffers: the build check's fallback

@@ -39,6 +39,7 @@ ROW_EXACT_ENV = "GGML_FA_ROW_EXACT"
 # Read once per process; builds without AMX, or without the patch, ignore it.
 AMX_ROWS_ENV = "GGML_AMX_VNNI_ROWS"
 AMX_ROWS = 12  # measured: 12-row products cost the same either way on SmolLM2 and Qwen 1.5B
+AMX_WIDE_M_ENV = "GGML_AMX_WIDE_M"  # K-quant products: weights unpacked once for all rows
 # At least two threads, so that ggml's worker threads run kernels too (the AMX crash happens
 # in them, not in the calling thread); no more, so the check costs the same on any host.
 THREADS = 2

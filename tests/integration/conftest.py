@@ -24,7 +24,7 @@ import pytest
 from reame_core.autoconfig.plan import flash_attn_choice
 from reame_core.backend.base import Backend
 from reame_core.backend.llama import LlamaBackend
-from reame_core.backend.probe import BuildVerdict, ensure_build_runs
+from reame_core.backend.probe import BuildVerdict, cpu_flags, ensure_build_runs
 from reame_core.backend.probe_child import ROW_EXACT_ENV
 from reame_core.engine.engine import Engine
 from reame_core.engine.governor import Mode
@@ -103,6 +103,15 @@ def build_check(private_cache_home: None) -> BuildVerdict:
             stacklevel=1,
         )
     return verdict
+
+
+@pytest.fixture(scope="session")
+def amx_weights(build_check: BuildVerdict) -> None:
+    """Weights load into ggml's AMX buffer here (the tests of the build's AMX kernels)."""
+    if "amx_int8" not in cpu_flags():
+        pytest.skip("ggml's AMX path: this CPU has no AMX")
+    if not build_check.use_extra_bufts:
+        pytest.skip("models load without extra buffer types here: weights are not in AMX")
 
 
 @pytest.fixture(scope="session")

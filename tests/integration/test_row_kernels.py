@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reame_core.backend.probe import BuildVerdict, cpu_flags
 from reame_core.backend.probe_child import AMX_ROWS, AMX_ROWS_ENV
 
 PASSES = (1, 2, 3, 4, 5, 8, 12, 13)  # rows per pass: the row kernels, and tiles beyond them
@@ -64,14 +63,6 @@ def _run(model: Path, switch: str, out: Path) -> np.ndarray:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return np.load(out)
-
-
-@pytest.fixture(scope="module")
-def amx_weights(build_check: BuildVerdict) -> None:
-    if "amx_int8" not in cpu_flags():
-        pytest.skip("the row kernels are part of ggml's AMX path; this CPU has no AMX")
-    if not build_check.use_extra_bufts:
-        pytest.skip("models load without extra buffer types here: weights are not in AMX")
 
 
 @pytest.mark.parametrize("model", ["smollm2", pytest.param("qwen", marks=pytest.mark.qwen)])

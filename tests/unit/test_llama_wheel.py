@@ -78,6 +78,7 @@ def test_an_amx_host_builds_with_the_patches_and_amx_left_in(tmp_path: Path) -> 
         *EVERY_HOST,
         "ggml-amx-tile-config.patch",
         "ggml-amx-row-kernels.patch",  # applies on top of the tile configuration's
+        "ggml-amx-wide-m.patch",  # and on top of the row kernels'
     ]
     assert all(Path(p).is_file() for p in patches)
     assert "-mno-amx" not in cmake_args

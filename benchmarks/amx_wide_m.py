@@ -1,0 +1,139 @@
+"""What unpacking K-quant weights once for all the rows of a product saves on a CPU with AMX
+(`GGML_AMX_WIDE_M`, scripts/patches/ggml-amx-wide-m.patch).
+
+ggml's AMX kernel for K-quant weights (Q4_K, Q5_K, Q6_K, IQ4_XS: a Q4_K_M model's every
+matrix) computes a product 32 rows at a time, and for every 32 rows it unpacks each block of
+the weights into tiles again: a prompt chunk of 33 tokens costs about as much as one of 64.
+With the switch, each block is unpacked once and multiplied with every 16 rows in turn.
+
+Each repetition runs two fresh processes, the switch on and off, taking turns at going
+first (ggml reads the switch once per process). Each loads the model as `reame serve` loads
+it on this host, computes a prefix of `PREFIX` tokens, then prompt chunks of each size in
+`SIZES` after it (logits of the last row, as a prompt chunk asks; taken back after each),
+`TIMES` times, and reports the median milliseconds of each size and a digest of each
+size's logits. Reported: medians over the repetitions, the ratios off / on, and whether
+every process computed bit-identical logits.
+
+    .venv/bin/python benchmarks/amx_wide_m.py [--model PATH] [--reps 3] [--name amx_wide_m]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PREFIX = 256
+SIZES = (1, 4, 12, 16, 32, 33, 48, 64, 65, 72, 96, 128, 256)
+TIMES = 5
+
+
+def child(model: str, threads: int) -> dict[str, Any]:
+    """One process's figures (the switch as the environment sets it)."""
+    import numpy as np
+
+    from reame_core.backend.base import Batch
+    from reame_core.runtime import planned_backend
+    from reame_core.settings import Settings
+
+    backend = planned_backend(Settings(model=model, threads=threads, log_level="warning"))
+    tokens = [int(t) for t in np.random.default_rng(7).integers(100, 5000, PREFIX + max(SIZES))]
+    batch = Batch()
+    for position in range(PREFIX):
+        batch.add(tokens[position], position, 0, False)
+    backend.decode(batch)
+    ms: dict[int, list[float]] = {n: [] for n in SIZES}
+    digests: dict[int, str] = {}
+    for _ in range(TIMES):
+        for n in SIZES:
+            batch = Batch()
+            for offset in range(n):
+                batch.add(tokens[PREFIX + offset], PREFIX + offset, 0, offset == n - 1)
+            began = time.perf_counter()
+            rows = backend.decode(batch)
+            ms[n].append((time.perf_counter() - began) * 1000)
+            digests[n] = hashlib.sha256(np.ascontiguousarray(rows[-1]).tobytes()).hexdigest()[:16]
+            backend.seq_rm(0, PREFIX)
+    backend.close()
+    return {
+        "ms": {str(n): round(statistics.median(v), 2) for n, v in ms.items()},
+        "digests": {str(n): d for n, d in digests.items()},
+    }
+
+
+def _run(model: str, threads: int, switch: str) -> dict[str, Any]:
+    from common import measure
+
+    from reame_core.backend.probe_child import AMX_WIDE_M_ENV
+
+    env = {**os.environ, AMX_WIDE_M_ENV: switch}
+    return measure(__file__, "--model", model, "--threads", str(threads), env=env)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", help="model alias or .gguf path (default: embedded)")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--name", default="amx_wide_m", help="results file name (no extension)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    from reame_core.models import resolve_model
+    from reame_core.settings import Settings
+
+    model = str(resolve_model(args.model or Settings().model).path)
+    if args.child:
+        print(json.dumps(child(model, args.threads)), flush=True)
+        return
+
+    from common import write_report
+
+    runs: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
+    for rep in range(args.reps):
+        for switch in ("1", "0") if rep % 2 == 0 else ("0", "1"):
+            side = "on" if switch == "1" else "off"
+            runs[side].append(_run(model, args.threads, switch))
+            print(side, runs[side][-1]["ms"], flush=True)
+
+    digests = {json.dumps(r["digests"], sort_keys=True) for side in runs.values() for r in side}
+    sizes = []
+    for n in map(str, SIZES):
+        on = statistics.median(r["ms"][n] for r in runs["on"])
+        off = statistics.median(r["ms"][n] for r in runs["off"])
+        sizes.append(
+            {
+                "tokens": int(n),
+                "ms_on": round(on, 2),
+                "ms_off": round(off, 2),
+                "tok_s_on": round(int(n) / on * 1000, 1),
+                "tok_s_off": round(int(n) / off * 1000, 1),
+                "off_over_on": round(off / on, 3),
+            }
+        )
+        print(sizes[-1], flush=True)
+    path = write_report(
+        args.name,
+        {
+            "model": Path(model).name,
+            "threads": args.threads,
+            "reps": args.reps,
+            "prefix_tokens": PREFIX,
+            "times_per_process": TIMES,
+            "command": "python benchmarks/amx_wide_m.py " + " ".join(sys.argv[1:]),
+            "logits_bit_identical": len(digests) == 1,
+            "sizes": sizes,
+            "runs": runs,
+        },
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
