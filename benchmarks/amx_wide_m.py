@@ -1,9 +1,9 @@
 """What unpacking K-quant weights once for all the rows of a product saves on a CPU with AMX
 (`GGML_AMX_WIDE_M`, scripts/patches/ggml-amx-wide-m.patch).
 
-ggml's AMX kernel for K-quant weights (Q4_K, Q5_K, Q6_K, IQ4_XS: a Q4_K_M model's every
-matrix) computes a product 32 rows at a time, and for every 32 rows it unpacks each block of
-the weights into tiles again: a prompt chunk of 33 tokens costs about as much as one of 64.
+ggml's AMX kernel for K-quant weights (Q4_K, Q5_K, Q6_K, IQ4_XS: most matrices of a Q4_K_M
+model) computes a product 32 rows at a time, and for every 32 rows it unpacks each block of
+the weights into tiles again: a prompt chunk of 33 tokens costs about as much as one of 48.
 With the switch, each block is unpacked once and multiplied with every 16 rows in turn.
 
 Each repetition runs two fresh processes, the switch on and off, taking turns at going
@@ -11,8 +11,8 @@ first (ggml reads the switch once per process). Each loads the model as `reame s
 it on this host, computes a prefix of `PREFIX` tokens, then prompt chunks of each size in
 `SIZES` after it (logits of the last row, as a prompt chunk asks; taken back after each),
 `TIMES` times, and reports the median milliseconds of each size and a digest of each
-size's logits. Reported: medians over the repetitions, the ratios off / on, and whether
-every process computed bit-identical logits.
+size's last-row logits. Reported: medians over the repetitions, the ratios off / on, and
+whether every process computed bit-identical last rows.
 
     .venv/bin/python benchmarks/amx_wide_m.py [--model PATH] [--reps 3] [--name amx_wide_m]
 """

@@ -92,6 +92,7 @@ class KVSlots:
         self.spill_bytes = spill_bytes
         self._spilled: OrderedDict[str, tuple[list[int], bytes]] = OrderedDict()  # oldest first
         self._spilled_sessions: frozenset[str] = frozenset()  # its keys, for other threads
+        self._state_bytes_per_token = 0.0  # of the last state copied out
         self._clock = itertools.count(1)
 
     # ---------------------------------------------------------------- queries
@@ -227,10 +228,13 @@ class KVSlots:
         length = self.reusable(slot.exact) if self._exact_reuse else len(slot.tokens)
         if session is None or length < 2 or self.spill_bytes <= 0:
             return
+        if length * self._state_bytes_per_token > self.spill_bytes:
+            return  # too large to keep, as far as the states kept so far show
         self.truncate(slot, length)
         if len(slot.tokens) < length:  # a state that cannot be cut back: cleared
             return
         state = self._backend.get_seq_state(slot.seq_id)
+        self._state_bytes_per_token = len(state) / length
         if not state or len(state) > self.spill_bytes:
             return
         self._spilled.pop(session, None)

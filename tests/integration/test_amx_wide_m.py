@@ -3,8 +3,10 @@ the rows of a product (scripts/patches/ggml-amx-wide-m.patch, `GGML_AMX_WIDE_M`)
 ggml's kernel unpacks it again for every 32 rows. A speed-up only: every row of a prompt
 chunk must get exactly the logits ggml's kernel gives it, whatever the chunk's length (a
 multiple of 16 rows or not, one row past 32 or 64). Checked on Gemma 3 270M and on
-Qwen2.5-Coder-0.5B (Q4_K_M: Q4_K and Q6_K weights), each configuration in a process of its
-own, since ggml reads the switch once per process.
+Qwen2.5-Coder-0.5B (Q4_K_M: their Q4_K and Q6_K matrices; those whose rows are not a
+multiple of 256 long are stored in other types), each configuration in a process of its
+own, since ggml reads the switch once per process. That the build carries the patch on an
+AMX host is tests/unit/test_llama_wheel.py's to check.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pytest
 from reame_core.backend.probe_child import AMX_WIDE_M_ENV
 
 PREFIX = 40
-CHUNKS = (33, 65, 100, 17)  # rows of the prompt chunks after the prefix, one after another
+CHUNKS = (33, 65, 100, 48, 17)  # rows of the prompt chunks after the prefix, in turn
 
 
 def _logits_by_chunk(model: str, out: str) -> None:

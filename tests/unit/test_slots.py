@@ -160,6 +160,34 @@ def test_a_kept_conversation_is_restored_only_where_the_next_prompt_continues_it
     assert not slots.restore_spilled(again, "other", [1, 2, 3, 4, 5], limit=3)
 
 
+def test_a_conversation_is_kept_only_as_far_as_its_chunks_reach_the_grid() -> None:
+    backend = FakeBackend(n_seq_max=1, chunk_grid=4)
+    slots = KVSlots(backend, max_sessions=1)
+    slot = slots.acquire(session="chat")
+    fill(backend, slots, slot, [1, 2, 3, 4, 5, 6])  # exact to 6, reusable to 4
+    slots.release(slot, "chat")
+    taken = slots.acquire()
+    slots.truncate(taken, 0)
+    slots.release(taken)
+
+    again = slots.acquire(session="chat")
+    assert slots.restore_spilled(again, "chat", [1, 2, 3, 4, 5, 6, 7, 8, 9], limit=7)
+    assert again.tokens == backend.kv[again.seq_id] == [1, 2, 3, 4]
+
+
+def test_a_state_that_cannot_be_cut_back_is_not_kept() -> None:
+    backend = FakeBackend(n_seq_max=1, prefix_trim_safe=False)
+    slots = KVSlots(backend, max_sessions=1)
+    slot = slots.acquire(session="chat")
+    fill(backend, slots, slot, [1, 2, 3, 4])
+    _decoded(backend, slots, slot, [5])  # the answer would have to be cut off
+    slots.release(slot, "chat")
+    slots.acquire()
+
+    assert slots.conversations() == set()
+    assert not slots.restore_spilled(slots.slots[0], "chat", [1, 2, 3, 4, 5, 6], limit=4)
+
+
 def test_conversations_kept_aside_stay_within_their_memory_and_drop_the_oldest() -> None:
     backend = FakeBackend(n_seq_max=1)
     one_state = len(backend.get_seq_state(0)) + 4 * 4  # a state of four tokens
