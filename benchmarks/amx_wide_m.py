@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import statistics
 import sys
 import time
@@ -67,15 +66,6 @@ def child(model: str, threads: int) -> dict[str, Any]:
     }
 
 
-def _run(model: str, threads: int, switch: str) -> dict[str, Any]:
-    from common import measure
-
-    from reame_core.backend.probe_child import AMX_WIDE_M_ENV
-
-    env = {**os.environ, AMX_WIDE_M_ENV: switch}
-    return measure(__file__, "--model", model, "--threads", str(threads), env=env)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", help="model alias or .gguf path (default: embedded)")
@@ -93,14 +83,13 @@ def main() -> None:
         print(json.dumps(child(model, args.threads)), flush=True)
         return
 
-    from common import write_report
+    from common import switch_taking_turns, write_report
 
-    runs: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
-    for rep in range(args.reps):
-        for switch in ("1", "0") if rep % 2 == 0 else ("0", "1"):
-            side = "on" if switch == "1" else "off"
-            runs[side].append(_run(model, args.threads, switch))
-            print(side, runs[side][-1]["ms"], flush=True)
+    from reame_core.backend.probe_child import AMX_WIDE_M_ENV
+
+    runs = switch_taking_turns(
+        __file__, AMX_WIDE_M_ENV, args.reps, "--model", model, "--threads", str(args.threads)
+    )
 
     digests = {json.dumps(r["digests"], sort_keys=True) for side in runs.values() for r in side}
     sizes = []

@@ -54,6 +54,22 @@ def measure(script: str, *args: str, env: dict[str, str] | None = None) -> dict[
     return dict(json.loads(completed.stdout.strip().splitlines()[-1]))
 
 
+def switch_taking_turns(
+    script: str, variable: str, reps: int, *args: str
+) -> dict[str, list[dict[str, Any]]]:
+    """`reps` pairs of fresh `script --child ARGS` processes, one with the environment
+    variable `variable` at "1" ("on") and one at "0" ("off"), taking turns at going first
+    (a switch read once per process; on a shared host the cores' speed drifts over
+    minutes): each side's results in order."""
+    runs: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
+    for rep in range(reps):
+        for side in ("on", "off") if rep % 2 == 0 else ("off", "on"):
+            switch = "1" if side == "on" else "0"
+            runs[side].append(measure(script, *args, env={**os.environ, variable: switch}))
+            print(side, runs[side][-1], flush=True)
+    return runs
+
+
 class Resident:
     """A child process kept alive between measurements: `script --resident ARGS` answers
     each line written to it with one JSON line. Two residents alternating request by

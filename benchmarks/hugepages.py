@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -82,15 +81,6 @@ def _spread(runs: list[dict[str, Any]]) -> list[float]:
     return [min(steps), max(steps)]
 
 
-def _run(model: str, threads: int, switch: str) -> dict[str, Any]:
-    from common import measure
-
-    from reame_core.backend.llama import HUGEPAGES_ENV
-
-    env = {**os.environ, HUGEPAGES_ENV: switch}
-    return measure(__file__, "--model", model, "--threads", str(threads), env=env)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", help="model alias or .gguf path (default: embedded)")
@@ -108,16 +98,14 @@ def main() -> None:
         print(json.dumps(child(model, args.threads)), flush=True)
         return
 
-    from common import write_report
+    from common import switch_taking_turns, write_report
 
     from reame_core.autoconfig.facts import transparent_huge_pages
+    from reame_core.backend.llama import HUGEPAGES_ENV
 
-    runs: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
-    for rep in range(args.reps):
-        for switch in ("1", "0") if rep % 2 == 0 else ("0", "1"):
-            side = "on" if switch == "1" else "off"
-            runs[side].append(_run(model, args.threads, switch))
-            print(side, runs[side][-1], flush=True)
+    runs = switch_taking_turns(
+        __file__, HUGEPAGES_ENV, args.reps, "--model", model, "--threads", str(args.threads)
+    )
 
     def median(side: str, key: str) -> float:
         return float(statistics.median(r[key] for r in runs[side]))

@@ -11,13 +11,12 @@ AMX host is tests/unit/test_llama_wheel.py's to check.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from switched import saved_logits
 
 from reame_core.backend.probe_child import AMX_WIDE_M_ENV
 
@@ -50,16 +49,7 @@ def _logits_by_chunk(model: str, out: str) -> None:
 
 
 def _run(model: Path, switch: str, out: Path) -> np.ndarray:
-    done = subprocess.run(
-        [sys.executable, __file__, str(model), str(out)],
-        env={**os.environ, AMX_WIDE_M_ENV: switch},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return np.load(out)
+    return saved_logits(__file__, model, out, AMX_WIDE_M_ENV, switch)
 
 
 @pytest.mark.parametrize("model", ["gemma", pytest.param("qwen", marks=pytest.mark.qwen)])

@@ -9,13 +9,12 @@ process of its own, since ggml reads the switch once per process.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from switched import saved_logits
 
 from reame_core.backend.probe_child import AMX_ROWS, AMX_ROWS_ENV
 
@@ -53,16 +52,7 @@ def _logits_by_pass(model: str, out: str) -> None:
 
 
 def _run(model: Path, switch: str, out: Path) -> np.ndarray:
-    done = subprocess.run(
-        [sys.executable, __file__, str(model), str(out)],
-        env={**os.environ, AMX_ROWS_ENV: switch},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return np.load(out)
+    return saved_logits(__file__, model, out, AMX_ROWS_ENV, switch)
 
 
 @pytest.mark.parametrize("model", ["smollm2", pytest.param("qwen", marks=pytest.mark.qwen)])

@@ -1,0 +1,26 @@
+"""A test module run again as a child process with one of the build's switches set: ggml
+reads such a switch once per process, so each setting needs a process of its own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def saved_logits(script: str, model: Path, out: Path, variable: str, switch: str) -> np.ndarray:
+    """Run `script MODEL OUT` (the module's `__main__` saves an array of logits to OUT) with
+    the environment variable `variable` set to `switch`; the array it saved."""
+    done = subprocess.run(
+        [sys.executable, script, str(model), str(out)],
+        env={**os.environ, variable: switch},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return np.load(out)
