@@ -19,7 +19,6 @@ whether every process computed bit-identical last rows.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import statistics
@@ -67,29 +66,14 @@ def child(model: str, threads: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", help="model alias or .gguf path (default: embedded)")
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--name", default="amx_wide_m", help="results file name (no extension)")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-
-    from reame_core.models import resolve_model
-    from reame_core.settings import Settings
-
-    model = str(resolve_model(args.model or Settings().model).path)
-    if args.child:
-        print(json.dumps(child(model, args.threads)), flush=True)
-        return
-
-    from common import switch_taking_turns, write_report
+    from common import switched_benchmark, write_report
 
     from reame_core.backend.probe_child import AMX_WIDE_M_ENV
 
-    runs = switch_taking_turns(
-        __file__, AMX_WIDE_M_ENV, args.reps, "--model", model, "--threads", str(args.threads)
-    )
+    measured = switched_benchmark(__file__, AMX_WIDE_M_ENV, child, 3, "amx_wide_m")
+    if measured is None:
+        return
+    args, model, runs = measured
 
     digests = {json.dumps(r["digests"], sort_keys=True) for side in runs.values() for r in side}
     sizes = []

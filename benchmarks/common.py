@@ -7,6 +7,7 @@ idle team's spinning workers steal cycles), so A and B must not share a process.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -68,6 +69,33 @@ def switch_taking_turns(
             runs[side].append(measure(script, *args, env={**os.environ, variable: switch}))
             print(side, runs[side][-1], flush=True)
     return runs
+
+
+def switched_benchmark(
+    script: str, variable: str, child: Callable[[str, int], dict[str, Any]], reps: int, name: str
+) -> tuple[argparse.Namespace, str, dict[str, list[dict[str, Any]]]] | None:
+    """The command line of a benchmark of a build switch (`--model`, `--reps`, `--threads`,
+    `--name`, defaults `reps` and `name`): run as a child, prints `child(model, threads)`'s
+    figures and returns None; else runs the children with `variable` on and off taking
+    turns (`switch_taking_turns`) and returns the arguments, the model's path and the runs."""
+    from reame_core.models import resolve_model
+    from reame_core.settings import Settings
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", help="model alias or .gguf path (default: embedded)")
+    parser.add_argument("--reps", type=int, default=reps)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--name", default=name, help="results file name (no extension)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    model = str(resolve_model(args.model or Settings().model).path)
+    if args.child:
+        print(json.dumps(child(model, args.threads)), flush=True)
+        return None
+    runs = switch_taking_turns(
+        script, variable, args.reps, "--model", model, "--threads", str(args.threads)
+    )
+    return args, model, runs
 
 
 class Resident:
@@ -141,14 +169,19 @@ def wait_healthy(url: str, seconds: float = 60.0) -> bool:
 
 def stock_environment() -> dict[str, str]:
     """This process's environment without Reame's switches of its build's patches
-    (row-exact attention, AMX row kernels and wide products, huge pages, kept graphs; set by
-    any process that loaded llama.cpp through Reame): llama-server, built from the same
-    patched source, then runs llama.cpp's own ways, as its users run it."""
-    from reame_core.backend.llama import GRAPH_CACHE_ENV, GRAPH_CACHE_TOKENS_ENV, HUGEPAGES_ENV
+    (row-exact attention, AMX row kernels and wide products, huge pages, kept graphs, KV
+    regions; set by any process that loaded llama.cpp through Reame): llama-server, built
+    from the same patched source, then runs llama.cpp's own ways, as its users run it."""
+    from reame_core.backend.llama import (
+        GRAPH_CACHE_ENV,
+        GRAPH_CACHE_TOKENS_ENV,
+        HUGEPAGES_ENV,
+        KV_REGIONS_ENV,
+    )
 
     switches = (
         ROW_EXACT_ENV, AMX_ROWS_ENV, AMX_WIDE_M_ENV,
-        HUGEPAGES_ENV, GRAPH_CACHE_ENV, GRAPH_CACHE_TOKENS_ENV,
+        HUGEPAGES_ENV, GRAPH_CACHE_ENV, GRAPH_CACHE_TOKENS_ENV, KV_REGIONS_ENV,
     )  # fmt: skip
     return {name: value for name, value in os.environ.items() if name not in switches}
 

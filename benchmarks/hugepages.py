@@ -21,8 +21,6 @@ repetitions, the ratios, every repetition's figures.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import time
@@ -82,30 +80,15 @@ def _spread(runs: list[dict[str, Any]]) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", help="model alias or .gguf path (default: embedded)")
-    parser.add_argument("--reps", type=int, default=6)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--name", default="hugepages", help="results file name (no extension)")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-
-    from reame_core.models import resolve_model
-    from reame_core.settings import Settings
-
-    model = str(resolve_model(args.model or Settings().model).path)
-    if args.child:
-        print(json.dumps(child(model, args.threads)), flush=True)
-        return
-
-    from common import switch_taking_turns, write_report
+    from common import switched_benchmark, write_report
 
     from reame_core.autoconfig.facts import transparent_huge_pages
     from reame_core.backend.llama import HUGEPAGES_ENV
 
-    runs = switch_taking_turns(
-        __file__, HUGEPAGES_ENV, args.reps, "--model", model, "--threads", str(args.threads)
-    )
+    measured = switched_benchmark(__file__, HUGEPAGES_ENV, child, 6, "hugepages")
+    if measured is None:
+        return
+    args, model, runs = measured
 
     def median(side: str, key: str) -> float:
         return float(statistics.median(r[key] for r in runs[side]))

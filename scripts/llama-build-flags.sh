@@ -45,6 +45,13 @@
 # gives them only to memory that asks (benchmarks/hugepages.py: in 4 KiB pages a decode's
 # speed depended on where the weights landed). Reame sets both switches; llama-server keeps
 # llama.cpp's ways.
+#
+# On every host the source gets patches/llama-kv-seq-regions.patch: with
+# LLAMA_KV_SEQ_REGIONS=1 a unified KV cache gives each sequence a region of its own, where its
+# cells sit as in a stream of its own, so one decode can hold any number of tokens per
+# sequence and a sequence's attention still does not depend on its neighbours (per-sequence
+# streams cut a batch into micro-batches of equal tokens per sequence). Reame's
+# deterministic configuration sets it; llama-server keeps llama.cpp's ways.
 
 cpu_flags=$(grep -m1 -E '^(flags|Features)' "${REAME_CPUINFO:-/proc/cpuinfo}" || true)
 cmake_args="-DGGML_NATIVE=ON"
@@ -52,6 +59,7 @@ patches=(
     "$here/patches/ggml-fa-row-exact.patch"
     "$here/patches/llama-graph-cache.patch"
     "$here/patches/ggml-hugepages.patch"
+    "$here/patches/llama-kv-seq-regions.patch"
 )
 if [[ $(uname -m) == x86_64 ]]; then
     if [[ " $cpu_flags " == *" amx_int8 "* && ${REAME_NO_AMX:-0} != 1 ]]; then

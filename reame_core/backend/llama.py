@@ -1,7 +1,8 @@
 """`Backend` over llama.cpp's C API (llama-cpp-python's ctypes bindings, not its `Llama` class).
 
 One model, one context with `n_seq_max` sequence slots. In the deterministic configuration
-each sequence gets its own KV stream and attention takes one path for every query row
+each sequence gets its own region of one KV buffer (or, where regions cannot be exact, its
+own KV stream) and attention takes one path for every query row
 (`models.shape.stable_attention`): that makes a sequence's logits independent of its batch
 neighbours, of the thread count and of whether its prefix was restored or copied (see
 docs/ARCHITECTURE.md, "Determinism").
@@ -86,6 +87,15 @@ GRAPH_CACHE = 8
 GRAPH_CACHE_TOKENS_ENV = "LLAMA_GRAPH_CACHE_TOKENS"
 GRAPH_CACHE_TOKENS = 32
 
+# One KV buffer with a region for each sequence (scripts/patches/llama-kv-seq-regions.patch):
+# a sequence's cells sit in its region as they would in a KV stream of its own, so with the
+# row-exact attention path its logits still do not depend on its neighbours, and a decode
+# need not give every sequence as many tokens: llama.cpp cuts a batch over per-sequence
+# streams into micro-batches of equal tokens per sequence, each a pass over the weights.
+# Read at the first decode; builds without the patch do not export
+# `llama_kv_seq_regions_supported` and keep per-sequence streams.
+KV_REGIONS_ENV = "LLAMA_KV_SEQ_REGIONS"
+
 # Up to this many tokens, setting the llama_batch's items one by one is cheaper than
 # building arrays and copying them (decode steps, short drafts).
 _FEW = 32
@@ -97,6 +107,11 @@ def _row_exact_on(type_k: KVType, type_v: KVType) -> bool:
     has it): f16 keys and values, the switch on."""
     switch = os.environ.get(ROW_EXACT_ENV, "").strip()  # ggml reads it with atoi
     return type_k == type_v == "f16" and switch.isdigit() and int(switch) != 0
+
+
+def _regions_supported() -> bool:
+    """Whether this llama.cpp build has sequence regions (`KV_REGIONS_ENV`)."""
+    return hasattr(llama_cpp.llama_cpp._lib, "llama_kv_seq_regions_supported")
 
 
 @contextmanager
@@ -333,7 +348,6 @@ class LlamaBackend:
         ctx_params.n_threads = n_threads
         ctx_params.n_threads_batch = n_threads
         ctx_params.no_perf = True
-        ctx_params.kv_unified = not deterministic
         default_k, default_v = default_kv_types(deterministic, flash_attn)
         type_k, type_v = type_k or default_k, type_v or default_v
         ctx_params.flash_attn_type = (
@@ -353,6 +367,20 @@ class LlamaBackend:
             # without the patch ignores it; the build check then finds f16 flash attention
             # inexact and the plan keeps q8_0 keys. GGML_FA_ROW_EXACT=0 turns it off.
             os.environ.setdefault(ROW_EXACT_ENV, "1")
+        # Regions keep attention exact on the row-exact path only: its tiles of cells start
+        # on multiples of 64 from cell 0, as regions do. Not with a sliding window, whose
+        # cache reuses a sequence's old cells. LLAMA_KV_SEQ_REGIONS=0 keeps streams.
+        self.regions = (
+            deterministic
+            and n_seq_max > 1
+            and flash_attn
+            and _row_exact_on(type_k, type_v)
+            and llama_cpp.llama_model_n_swa(self._model) == 0
+            and n_ctx_seq % 256 == 0  # regions are a multiple of 256 cells
+            and _regions_supported()
+            and os.environ.setdefault(KV_REGIONS_ENV, "1").strip() not in ("", "0")
+        )
+        ctx_params.kv_unified = self.regions or not deterministic
         os.environ.setdefault(GRAPH_CACHE_ENV, str(GRAPH_CACHE))
         os.environ.setdefault(GRAPH_CACHE_TOKENS_ENV, str(GRAPH_CACHE_TOKENS))
         try:
@@ -375,10 +403,12 @@ class LlamaBackend:
         self.flash_attn = flash_attn
         self._info = self._describe(
             name or self.path.stem,
-            n_ctx_seq=llama_cpp.llama_n_ctx_seq(self._ctx),
+            # llama.cpp reports a unified buffer whole; a region holds what a stream would
+            n_ctx_seq=n_ctx_seq if self.regions else llama_cpp.llama_n_ctx_seq(self._ctx),
             n_seq_max=n_seq_max,
             n_batch=n_batch,
             settings_key=f"unified={not deterministic}/fa={flash_attn}/seqs={n_seq_max}"
+            + ("/regions" if self.regions else "")
             # The row-exact path computes f16 attention along other paths than ggml's own.
             + ("/rows=exact" if flash_attn and _row_exact_on(type_k, type_v) else "")
             # Other weight buffers compute with other kernels: not the same KV bytes.
@@ -521,8 +551,8 @@ class LlamaBackend:
 
     def passes(self, layout: Sequence[tuple[int, int]]) -> list[int]:
         n_batch = self._info.n_batch
-        if self.deterministic and self._info.n_seq_max > 1:  # one KV stream per sequence
-            return equal_split_passes(layout, n_batch)
+        if self.deterministic and self._info.n_seq_max > 1 and not self.regions:
+            return equal_split_passes(layout, n_batch)  # one KV stream per sequence
         return simple_split_passes(sum(n for _seq, n in layout), n_batch)
 
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
@@ -530,12 +560,13 @@ class LlamaBackend:
 
     def seq_cp(self, src: int, dst: int) -> None:
         if self.deterministic and self._info.n_seq_max > 1:
-            # One KV stream per sequence: llama.cpp copies a stream's buffer only at the
-            # start of the next decode, after recording the cells at once. A state restored
-            # into `dst` before then (a stored prefix after a resident one) was overwritten
-            # by the copy, and one written into `src` was copied instead: the prompt's KV
-            # then held another text's, and greedy answers changed with what ran before.
-            # A state round trip copies now.
+            # A region per sequence: llama.cpp's copy would share `src`'s cells, outside
+            # `dst`'s region. One KV stream per sequence: llama.cpp copies a stream's buffer
+            # only at the start of the next decode, after recording the cells at once. A
+            # state restored into `dst` before then (a stored prefix after a resident one)
+            # was overwritten by the copy, and one written into `src` was copied instead:
+            # the prompt's KV then held another text's, and greedy answers changed with what
+            # ran before. A state round trip copies now.
             if llama_cpp.llama_memory_seq_pos_max(self._memory, src) < 0:  # nothing to copy
                 llama_cpp.llama_memory_seq_rm(self._memory, dst, -1, -1)
                 return

@@ -202,7 +202,8 @@ def test_streams_around_a_slot_computing_a_prompt_give_their_alone_tokens(
     fillers_before = engine.stats.filler_rows
 
     # Slots 0-2; the short request frees slot 1, which the long prompt then takes and
-    # computes in chunks while slots 0 and 2 decode around it in one pass each step.
+    # computes in chunks while slots 0 and 2 decode around it in one pass each step: with
+    # KV streams slot 1 gets a filler row each step, with regions there is no gap to fill.
     watches = [Watch() for _ in range(3)]
     engine.submit(streams[0], watches[0])
     engine.submit(request(short, max_tokens=2, ignore_eos=True), watches[1])
@@ -212,7 +213,7 @@ def test_streams_around_a_slot_computing_a_prompt_give_their_alone_tokens(
     still_running = not (watches[0].done.is_set() or watches[2].done.is_set())
 
     assert still_running
-    assert engine.stats.filler_rows > fillers_before
+    assert (engine.stats.filler_rows > fillers_before) == (not backend.regions)
     assert [tokens_of(watches[i].result()) for i in (0, 2)] == alone[:2]
     assert tokens_of(beside) == alone[2]
 

@@ -69,7 +69,12 @@ def build_flags(tmp_path: Path, flags: str, **env: str) -> tuple[str, list[str]]
     return cmake_args, patches
 
 
-EVERY_HOST = ["ggml-fa-row-exact.patch", "llama-graph-cache.patch", "ggml-hugepages.patch"]
+EVERY_HOST = [
+    "ggml-fa-row-exact.patch",
+    "llama-graph-cache.patch",
+    "ggml-hugepages.patch",
+    "llama-kv-seq-regions.patch",
+]
 
 
 def test_an_amx_host_builds_with_the_patches_and_amx_left_in(tmp_path: Path) -> None:
