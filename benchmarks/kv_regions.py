@@ -11,10 +11,12 @@ Each repetition runs two fresh processes, regions on and off, taking turns at go
 on this host (slots, context and attention from the host plan), computes a prompt of a
 different length in each of four slots, then times decode steps of each layout in `LAYOUTS`
 (tokens fed per slot; every row's logits, as verification asks, except where a layout says
-`certain`: there only the last row of the long run, as for tokens a grammar forces), `TIMES`
+`certain`: there only the last row of the long run, as for tokens a grammar forces or a prompt
+chunk), `TIMES`
 times each, taken back after each. Reported: the median milliseconds of each layout on each
-side, the ratio off / on, the passes each side's llama.cpp makes, and whether both sides
-computed bit-identical logits for every row.
+side, the ratio off / on, the passes each side makes (as `Backend.passes` reproduces
+llama.cpp's cut), and whether every process computed bit-identical logits for every row of
+each layout's last timed step.
 
     .venv/bin/python benchmarks/kv_regions.py [--model PATH] [--reps 3] [--name kv_regions]
 """
@@ -38,6 +40,7 @@ LAYOUTS: dict[str, tuple[tuple[int, ...], bool]] = {  # name: (tokens per slot, 
     "9,9,1,1": ((9, 9, 1, 1), False),
     "5,5,5,5": ((5, 5, 5, 5), False),
     "17,1,1,1 certain": ((17, 1, 1, 1), True),
+    "0,0,0,128 prompt chunk": ((0, 0, 0, 128), True),  # the last region: the widest mask
 }
 TIMES = 5
 
@@ -52,7 +55,7 @@ def child(model: str, threads: int) -> dict[str, Any]:
 
     backend = planned_backend(Settings(model=model, threads=threads, log_level="warning"))
     rng = np.random.default_rng(11)
-    prompts = [[int(t) for t in rng.integers(100, 5000, n + 20)] for n in PROMPTS]
+    prompts = [[int(t) for t in rng.integers(100, 5000, n + 128)] for n in PROMPTS]
     chunk = backend.info.n_batch
     for seq_id, n in enumerate(PROMPTS):
         for start in range(0, n, chunk):
@@ -75,7 +78,7 @@ def child(model: str, threads: int) -> dict[str, Any]:
             rows = backend.decode(batch)
             ms[name].append((time.perf_counter() - began) * 1000)
             digests[name] = hashlib.sha256(np.ascontiguousarray(rows).tobytes()).hexdigest()[:16]
-            passes[name] = len(backend.passes(list(enumerate(layout))))
+            passes[name] = len(backend.passes([(s, n) for s, n in enumerate(layout) if n]))
             for seq_id in range(len(layout)):
                 backend.seq_rm(seq_id, PROMPTS[seq_id])
     regions = backend.regions

@@ -92,9 +92,13 @@ GRAPH_CACHE_TOKENS = 32
 # row-exact attention path its logits still do not depend on its neighbours, and a decode
 # need not give every sequence as many tokens: llama.cpp cuts a batch over per-sequence
 # streams into micro-batches of equal tokens per sequence, each a pass over the weights.
-# Read at the first decode; builds without the patch do not export
-# `llama_kv_seq_regions_supported` and keep per-sequence streams.
+# llama.cpp reads the switch as it makes a context, so each backend sets it to its own choice
+# while it makes its context (under `_CONTEXT_LOCK`); what the environment holds as this
+# module loads says whether regions are wanted at all ("0": keep streams). Builds without the
+# patch do not export `llama_kv_seq_regions_supported` and keep per-sequence streams.
 KV_REGIONS_ENV = "LLAMA_KV_SEQ_REGIONS"
+_REGIONS_WANTED = os.environ.get(KV_REGIONS_ENV, "1").strip()
+_CONTEXT_LOCK = threading.Lock()
 
 # Up to this many tokens, setting the llama_batch's items one by one is cheaper than
 # building arrays and copying them (decode steps, short drafts).
@@ -107,6 +111,21 @@ def _row_exact_on(type_k: KVType, type_v: KVType) -> bool:
     has it): f16 keys and values, the switch on."""
     switch = os.environ.get(ROW_EXACT_ENV, "").strip()  # ggml reads it with atoi
     return type_k == type_v == "f16" and switch.isdigit() and int(switch) != 0
+
+
+@contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    """The environment variable `name` set to `value` for a while, then as it was (so that
+    processes started later see what the user set)."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
 
 
 def _regions_supported() -> bool:
@@ -369,24 +388,32 @@ class LlamaBackend:
             os.environ.setdefault(ROW_EXACT_ENV, "1")
         # Regions keep attention exact on the row-exact path only: its tiles of cells start
         # on multiples of 64 from cell 0, as regions do. Not with a sliding window, whose
-        # cache reuses a sequence's old cells. LLAMA_KV_SEQ_REGIONS=0 keeps streams.
+        # cache reuses a sequence's old cells, nor for recurrent states, which llama.cpp
+        # always cuts into micro-batches of equal tokens.
         self.regions = (
             deterministic
             and n_seq_max > 1
             and flash_attn
             and _row_exact_on(type_k, type_v)
             and llama_cpp.llama_model_n_swa(self._model) == 0
+            and not llama_cpp.llama_model_is_recurrent(self._model)
+            and not llama_cpp.llama_model_is_hybrid(self._model)
             and n_ctx_seq % 256 == 0  # regions are a multiple of 256 cells
             and _regions_supported()
-            and os.environ.setdefault(KV_REGIONS_ENV, "1").strip() not in ("", "0")
+            and _REGIONS_WANTED.isdigit()
+            and int(_REGIONS_WANTED) != 0
         )
         ctx_params.kv_unified = self.regions or not deterministic
         os.environ.setdefault(GRAPH_CACHE_ENV, str(GRAPH_CACHE))
         os.environ.setdefault(GRAPH_CACHE_TOKENS_ENV, str(GRAPH_CACHE_TOKENS))
         try:
-            self._ctx = _on_a_thread_of_its_own(
-                llama_cpp.llama_init_from_model, self._model, ctx_params, free=llama_cpp.llama_free
-            )
+            with _CONTEXT_LOCK, _environment(KV_REGIONS_ENV, "1" if self.regions else "0"):
+                self._ctx = _on_a_thread_of_its_own(
+                    llama_cpp.llama_init_from_model,
+                    self._model,
+                    ctx_params,
+                    free=llama_cpp.llama_free,
+                )
         except BaseException:
             llama_cpp.llama_model_free(self._model)
             raise

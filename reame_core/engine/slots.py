@@ -175,9 +175,10 @@ class KVSlots:
         unpinning it, only when every free slot is pinned) that keeps the busy sequence ids
         in as few consecutive runs as possible, the least recently used among those.
 
-        With per-sequence KV, llama.cpp decodes sequences together in one pass over the
-        weights only while their ids run consecutively: four streams on slots 0, 2, 5, 7
-        cost four passes a step, on slots 0-3 one."""
+        With per-sequence KV streams, llama.cpp decodes sequences together in one pass over
+        the weights only while their ids run consecutively: four streams on slots 0, 2, 5, 7
+        cost four passes a step, on slots 0-3 one. With regions the order costs nothing but
+        a wider attention mask (the buffer up to the last busy region)."""
         if prefer is not None and self.may_take(prefer, session):
             slot = prefer
         else:
@@ -265,7 +266,8 @@ class KVSlots:
     def gap_fillers(self, layout: Sequence[tuple[int, int]]) -> dict[int, int]:
         """Throwaway rows that save passes over the weights, as {sequence id: position}.
 
-        With per-sequence KV, llama.cpp decodes sequences in one pass only while their ids
+        With per-sequence KV streams (not regions, which decode any layout in one pass:
+        `Backend.passes`), llama.cpp decodes sequences in one pass only while their ids
         run consecutively: a step decoding slots 0 and 2 costs two passes, though slot 1
         only computes a prompt chunk of its own or waits. One more row, in slot 1 at the end
         of its KV, without logits and removed right after (`drop_fillers`), makes it one

@@ -11,11 +11,13 @@ from pathlib import Path
 import numpy as np
 
 
-def saved_logits(script: str, model: Path, out: Path, variable: str, switch: str) -> np.ndarray:
-    """Run `script MODEL OUT` (the module's `__main__` saves an array of logits to OUT) with
-    the environment variable `variable` set to `switch`; the array it saved."""
+def saved_logits(
+    script: str, model: Path, out: Path, variable: str, switch: str, *args: str
+) -> np.ndarray:
+    """Run `script MODEL OUT ARGS` (the module's `__main__` saves an array of logits to OUT)
+    with the environment variable `variable` set to `switch`; the array it saved."""
     done = subprocess.run(
-        [sys.executable, script, str(model), str(out)],
+        [sys.executable, script, str(model), str(out), *args],
         env={**os.environ, variable: switch},
         capture_output=True,
         text=True,

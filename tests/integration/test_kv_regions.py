@@ -64,23 +64,30 @@ def _step_rows(backend: LlamaBackend, slots: dict[int, int]) -> np.ndarray:
     return np.array(logits[ours], copy=True)
 
 
-def _rows_with_neighbours(model: str, out: str) -> None:
+def _rows_with_neighbours(model: str, out: str, use_extra_bufts: bool) -> None:
     """Child: our slot's rows beside its neighbours, in this process's KV layout."""
-    backend = _open(Path(model))
+    backend = _open(Path(model), use_extra_bufts)
     np.save(out, _step_rows(backend, {OURS: DRAFT, **NEIGHBOURS}))
     backend.close()
 
 
-def _open(model: Path) -> LlamaBackend:
+def _open(model: Path, use_extra_bufts: bool) -> LlamaBackend:
     """The deterministic configuration with the row-exact attention path (f16 keys and
     values), which regions serve."""
     return LlamaBackend(
-        model, n_ctx_seq=512, n_seq_max=4, n_batch=128, n_threads=2, type_k="f16", type_v="f16"
+        model,
+        n_ctx_seq=512,
+        n_seq_max=4,
+        n_batch=128,
+        n_threads=2,
+        type_k="f16",
+        type_v="f16",
+        use_extra_bufts=use_extra_bufts,
     )
 
 
-def _check(model: Path, tmp_path: Path) -> None:
-    backend = _open(model)
+def _check(model: Path, use_extra_bufts: bool, tmp_path: Path) -> None:
+    backend = _open(model, use_extra_bufts)
     try:
         assert backend.regions  # the build has them, and the deterministic f16 path is on
         # Uneven tokens per sequence: one pass, not one per micro-batch of equal tokens.
@@ -90,20 +97,22 @@ def _check(model: Path, tmp_path: Path) -> None:
     finally:
         backend.close()
     assert np.array_equal(alone, together)
-    streams = saved_logits(__file__, model, tmp_path / "streams.npy", KV_REGIONS_ENV, "0")
+    streams = saved_logits(
+        __file__, model, tmp_path / "streams.npy", KV_REGIONS_ENV, "0", str(int(use_extra_bufts))
+    )
     assert np.array_equal(alone, streams)
 
 
 def test_smollm2_rows_do_not_depend_on_neighbours_of_other_lengths(
-    smollm2_path: Path, row_exact_flash: None, tmp_path: Path
+    smollm2_path: Path, use_extra_bufts: bool, row_exact_flash: None, tmp_path: Path
 ) -> None:
-    _check(smollm2_path, tmp_path)
+    _check(smollm2_path, use_extra_bufts, tmp_path)
 
 
 def test_qwen_rows_do_not_depend_on_neighbours_of_other_lengths(
     qwen_coder_05b_path: Path, amx_weights: None, row_exact_flash: None, tmp_path: Path
 ) -> None:
-    _check(qwen_coder_05b_path, tmp_path)
+    _check(qwen_coder_05b_path, True, tmp_path)
 
 
 @pytest.fixture
@@ -112,8 +121,8 @@ def row_exact_flash(build_check: BuildVerdict) -> None:
         pytest.skip("regions serve the row-exact flash attention path, which this build lacks")
 
 
-def test_a_sliding_window_keeps_streams(gemma_path: Path) -> None:
-    backend = _open(gemma_path)
+def test_a_sliding_window_keeps_streams(gemma_path: Path, use_extra_bufts: bool) -> None:
+    backend = _open(gemma_path, use_extra_bufts)
     try:
         assert not backend.regions
         assert len(backend.passes([(0, 1), (1, 3)])) == 2  # micro-batches of equal tokens
@@ -122,4 +131,4 @@ def test_a_sliding_window_keeps_streams(gemma_path: Path) -> None:
 
 
 if __name__ == "__main__":
-    _rows_with_neighbours(sys.argv[1], sys.argv[2])
+    _rows_with_neighbours(sys.argv[1], sys.argv[2], sys.argv[3] == "1")
