@@ -20,11 +20,8 @@ whether every process computed bit-identical last rows.
 from __future__ import annotations
 
 import hashlib
-import json
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 PREFIX = 256
@@ -66,16 +63,15 @@ def child(model: str, threads: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    from common import switched_benchmark, write_report
+    from common import switched_benchmark
 
     from reame_core.backend.probe_child import AMX_WIDE_M_ENV
 
     measured = switched_benchmark(__file__, AMX_WIDE_M_ENV, child, 3, "amx_wide_m")
     if measured is None:
         return
-    args, model, runs = measured
+    runs = measured.runs
 
-    digests = {json.dumps(r["digests"], sort_keys=True) for side in runs.values() for r in side}
     sizes = []
     for n in map(str, SIZES):
         on = statistics.median(r["ms"][n] for r in runs["on"])
@@ -91,19 +87,13 @@ def main() -> None:
             }
         )
         print(sizes[-1], flush=True)
-    path = write_report(
-        args.name,
+    path = measured.write(
         {
-            "model": Path(model).name,
-            "threads": args.threads,
-            "reps": args.reps,
             "prefix_tokens": PREFIX,
             "times_per_process": TIMES,
-            "command": "python benchmarks/amx_wide_m.py " + " ".join(sys.argv[1:]),
-            "logits_bit_identical": len(digests) == 1,
+            "logits_bit_identical": measured.logits_agree(),
             "sizes": sizes,
-            "runs": runs,
-        },
+        }
     )
     print(f"wrote {path}")
 

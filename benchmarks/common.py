@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -71,13 +72,46 @@ def switch_taking_turns(
     return runs
 
 
+@dataclass
+class SwitchedRuns:
+    """A build switch's benchmark, measured: its arguments, the model's path, and each
+    side's runs ("on", "off") in order."""
+
+    args: argparse.Namespace
+    model: str
+    runs: dict[str, list[dict[str, Any]]]
+
+    def logits_agree(self) -> bool:
+        """Whether every process, on either side, reported the same logits digests."""
+        digests = {
+            json.dumps(r["digests"], sort_keys=True) for rs in self.runs.values() for r in rs
+        }
+        return len(digests) == 1
+
+    def write(self, figures: dict[str, Any]) -> Path:
+        """The report under `--name`: model, threads, repetitions, the command, `figures`
+        and every run."""
+        command = ["python", f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]]
+        return write_report(
+            self.args.name,
+            {
+                "model": Path(self.model).name,
+                "threads": self.args.threads,
+                "reps": self.args.reps,
+                "command": " ".join(command),
+                **figures,
+                "runs": self.runs,
+            },
+        )
+
+
 def switched_benchmark(
     script: str, variable: str, child: Callable[[str, int], dict[str, Any]], reps: int, name: str
-) -> tuple[argparse.Namespace, str, dict[str, list[dict[str, Any]]]] | None:
+) -> SwitchedRuns | None:
     """The command line of a benchmark of a build switch (`--model`, `--reps`, `--threads`,
     `--name`, defaults `reps` and `name`): run as a child, prints `child(model, threads)`'s
     figures and returns None; else runs the children with `variable` on and off taking
-    turns (`switch_taking_turns`) and returns the arguments, the model's path and the runs."""
+    turns (`switch_taking_turns`)."""
     from reame_core.models import resolve_model
     from reame_core.settings import Settings
 
@@ -95,7 +129,7 @@ def switched_benchmark(
     runs = switch_taking_turns(
         script, variable, args.reps, "--model", model, "--threads", str(args.threads)
     )
-    return args, model, runs
+    return SwitchedRuns(args, model, runs)
 
 
 class Resident:

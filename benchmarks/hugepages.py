@@ -22,7 +22,6 @@ repetitions, the ratios, every repetition's figures.
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -80,7 +79,7 @@ def _spread(runs: list[dict[str, Any]]) -> list[float]:
 
 
 def main() -> None:
-    from common import switched_benchmark, write_report
+    from common import switched_benchmark
 
     from reame_core.autoconfig.facts import transparent_huge_pages
     from reame_core.backend.llama import HUGEPAGES_ENV
@@ -88,7 +87,7 @@ def main() -> None:
     measured = switched_benchmark(__file__, HUGEPAGES_ENV, child, 6, "hugepages")
     if measured is None:
         return
-    args, model, runs = measured
+    runs = measured.runs
 
     def median(side: str, key: str) -> float:
         return float(statistics.median(r[key] for r in runs[side]))
@@ -107,19 +106,13 @@ def main() -> None:
         "step_ms_spread_off": _spread(runs["off"]),
     }
     print(summary)
-    path = write_report(
-        args.name,
+    path = measured.write(
         {
-            "model": Path(model).name,
-            "threads": args.threads,
-            "reps": args.reps,
             "prompt_tokens": PROMPT,
             "steps": STEPS,
             "transparent_hugepage": transparent_huge_pages(),
-            "command": " ".join(["python", "benchmarks/hugepages.py", *sys.argv[1:]]),
             **summary,
-            "runs": runs,
-        },
+        }
     )
     print(f"written to {path}")
 

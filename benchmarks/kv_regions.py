@@ -7,16 +7,15 @@ but as soon as one of them verifies a draft (or appends a run of tokens its gram
 the step costs two or more. With regions the step is one pass whatever each sequence feeds.
 
 Each repetition runs two fresh processes, regions on and off, taking turns at going first
-(llama.cpp reads the switch once per process). Each loads the model as `reame serve` loads it
+(Reame reads the user's setting once, as it loads). Each loads the model as `reame serve` loads it
 on this host (slots, context and attention from the host plan), computes a prompt of a
 different length in each of four slots, then times decode steps of each layout in `LAYOUTS`
 (tokens fed per slot; every row's logits, as verification asks, except where a layout says
 `certain`: there only the last row of the long run, as for tokens a grammar forces or a prompt
-chunk), `TIMES`
-times each, taken back after each. Reported: the median milliseconds of each layout on each
-side, the ratio off / on, the passes each side makes (as `Backend.passes` reproduces
-llama.cpp's cut), and whether every process computed bit-identical logits for every row of
-each layout's last timed step.
+chunk), `TIMES` times each, taken back after each. Reported: the median milliseconds of
+each layout on each side, the ratio off / on, the passes each side makes (as
+`Backend.passes` reproduces llama.cpp's cut), and whether every process computed
+bit-identical logits for every row of each layout's last timed step.
 
     .venv/bin/python benchmarks/kv_regions.py [--model PATH] [--reps 3] [--name kv_regions]
 """
@@ -24,11 +23,8 @@ each layout's last timed step.
 from __future__ import annotations
 
 import hashlib
-import json
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 PROMPTS = (620, 540, 700, 580)  # prompt tokens per slot
@@ -92,17 +88,16 @@ def child(model: str, threads: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    from common import switched_benchmark, write_report
+    from common import switched_benchmark
 
     from reame_core.backend.llama import KV_REGIONS_ENV
 
     measured = switched_benchmark(__file__, KV_REGIONS_ENV, child, 3, "kv_regions")
     if measured is None:
         return
-    args, model, runs = measured
+    runs = measured.runs
     assert all(r["regions"] for r in runs["on"]) and not any(r["regions"] for r in runs["off"])
 
-    digests = {json.dumps(r["digests"], sort_keys=True) for side in runs.values() for r in side}
     layouts = []
     for name in LAYOUTS:
         on = statistics.median(r["ms"][name] for r in runs["on"])
@@ -118,19 +113,13 @@ def main() -> None:
             }
         )
         print(layouts[-1], flush=True)
-    path = write_report(
-        args.name,
+    path = measured.write(
         {
-            "model": Path(model).name,
-            "threads": args.threads,
-            "reps": args.reps,
             "prompt_tokens": list(PROMPTS),
             "times_per_process": TIMES,
-            "command": "python benchmarks/kv_regions.py " + " ".join(sys.argv[1:]),
-            "logits_bit_identical": len(digests) == 1,
+            "logits_bit_identical": measured.logits_agree(),
             "layouts": layouts,
-            "runs": runs,
-        },
+        }
     )
     print(f"wrote {path}")
 

@@ -21,6 +21,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from reame_core.environment import variable_set
 from reame_core.errors import SettingsError
 
 SectionT = TypeVar("SectionT", bound=BaseModel)
@@ -183,15 +184,8 @@ class Settings(BaseSettings):
         flags = {key: value for key, value in overrides.items() if value is not None}
         if config_file is None:
             return cls(**flags)
-        previous = os.environ.get(_CONFIG_ENV)
-        os.environ[_CONFIG_ENV] = str(config_file)
-        try:
+        with variable_set(_CONFIG_ENV, str(config_file)):
             return cls(**flags)
-        finally:
-            if previous is None:
-                del os.environ[_CONFIG_ENV]
-            else:
-                os.environ[_CONFIG_ENV] = previous
 
     def all_api_keys(self) -> list[str]:
         """Keys from settings and from `api_key_file` (blank lines and # comments skipped).

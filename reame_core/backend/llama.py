@@ -31,6 +31,7 @@ from reame_core.backend.base import (
     simple_split_passes,
 )
 from reame_core.backend.probe_child import AMX_ROWS, AMX_ROWS_ENV, AMX_WIDE_M_ENV, ROW_EXACT_ENV
+from reame_core.environment import variable_set
 from reame_core.errors import ModelLoadError
 from reame_core.hooktypes import FimTokens, ModelInfo
 from reame_core.models.shape import KVType, ModelShape, default_kv_types
@@ -97,7 +98,7 @@ GRAPH_CACHE_TOKENS = 32
 # module loads says whether regions are wanted at all ("0": keep streams). Builds without the
 # patch do not export `llama_kv_seq_regions_supported` and keep per-sequence streams.
 KV_REGIONS_ENV = "LLAMA_KV_SEQ_REGIONS"
-_REGIONS_WANTED = os.environ.get(KV_REGIONS_ENV, "1").strip()
+_REGIONS_WANTED = os.environ.get(KV_REGIONS_ENV, "1")
 _CONTEXT_LOCK = threading.Lock()
 
 # Up to this many tokens, setting the llama_batch's items one by one is cheaper than
@@ -109,23 +110,13 @@ _GGML_TYPES: dict[KVType, int] = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_
 def _row_exact_on(type_k: KVType, type_v: KVType) -> bool:
     """Whether flash attention with these types takes the row-exact path (in a build that
     has it): f16 keys and values, the switch on."""
-    switch = os.environ.get(ROW_EXACT_ENV, "").strip()  # ggml reads it with atoi
-    return type_k == type_v == "f16" and switch.isdigit() and int(switch) != 0
+    return type_k == type_v == "f16" and _switch_on(os.environ.get(ROW_EXACT_ENV, ""))
 
 
-@contextmanager
-def _environment(name: str, value: str) -> Iterator[None]:
-    """The environment variable `name` set to `value` for a while, then as it was (so that
-    processes started later see what the user set)."""
-    before = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = before
+def _switch_on(value: str) -> bool:
+    """A build switch's value as llama.cpp and ggml read it (`atoi`, non-zero): on."""
+    value = value.strip()
+    return value.isdigit() and int(value) != 0
 
 
 def _regions_supported() -> bool:
@@ -400,14 +391,13 @@ class LlamaBackend:
             and not llama_cpp.llama_model_is_hybrid(self._model)
             and n_ctx_seq % 256 == 0  # regions are a multiple of 256 cells
             and _regions_supported()
-            and _REGIONS_WANTED.isdigit()
-            and int(_REGIONS_WANTED) != 0
+            and _switch_on(_REGIONS_WANTED)
         )
         ctx_params.kv_unified = self.regions or not deterministic
         os.environ.setdefault(GRAPH_CACHE_ENV, str(GRAPH_CACHE))
         os.environ.setdefault(GRAPH_CACHE_TOKENS_ENV, str(GRAPH_CACHE_TOKENS))
         try:
-            with _CONTEXT_LOCK, _environment(KV_REGIONS_ENV, "1" if self.regions else "0"):
+            with _CONTEXT_LOCK, variable_set(KV_REGIONS_ENV, "1" if self.regions else "0"):
                 self._ctx = _on_a_thread_of_its_own(
                     llama_cpp.llama_init_from_model,
                     self._model,

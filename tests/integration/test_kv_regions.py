@@ -5,9 +5,9 @@ streams cut it into micro-batches of equal tokens per sequence, each a pass over
 A sequence's logits must not depend on that: every row of a sequence verifying a draft beside
 neighbours that decode one token, or several, equals the same rows computed with the
 sequence alone in the batch, and equals them computed with per-sequence streams (a process
-of its own: llama.cpp reads the switch once). Checked on SmolLM2 (whose rows the CPU backend
-computes alike in any batch, DESIGN "Determinism") and, where its weights are in ggml's AMX
-buffer, on Qwen2.5-Coder-0.5B Q4_K_M.
+of its own: Reame reads the user's setting as it loads). Checked on SmolLM2 (whose rows the
+CPU backend computes alike in any batch, DESIGN "Determinism") and, where its weights are in
+ggml's AMX buffer, on Qwen2.5-Coder-0.5B Q4_K_M.
 """
 
 from __future__ import annotations
