@@ -19,7 +19,6 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -72,14 +71,17 @@ def switch_taking_turns(
     return runs
 
 
-@dataclass
 class SwitchedRuns:
     """A build switch's benchmark, measured: its arguments, the model's path, and each
-    side's runs ("on", "off") in order."""
+    side's runs ("on", "off") in order. (A plain class: the tests load this module without
+    registering it, where a dataclass cannot resolve its annotations.)"""
 
-    args: argparse.Namespace
-    model: str
-    runs: dict[str, list[dict[str, Any]]]
+    def __init__(
+        self, args: argparse.Namespace, model: str, runs: dict[str, list[dict[str, Any]]]
+    ) -> None:
+        self.args = args
+        self.model = model
+        self.runs = runs
 
     def logits_agree(self) -> bool:
         """Whether every process, on either side, reported the same logits digests."""
