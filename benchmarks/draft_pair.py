@@ -10,8 +10,10 @@ Modes, each in a fresh process with an empty cache directory and built-in plugin
   lookup  the default without a draft model: prompt lookup, governed;
   pair    the default with --draft-model: prompt lookup and the draft model, governed;
   forced  the draft model's every proposal verified in full (`--speculate on`): what it
-          would bring if the governor always let it draft.
-Modes alternate off/lookup/pair/forced, `--reps` times; the figure is generated tokens per second
+          would bring if the governor always let it draft;
+  file    `pair` drafting from the draft model's file as it is, not its Q4_0 copy
+          (`[plugins.draft_model] weights = "file"`; not run unless named in `--modes`).
+Modes alternate in the order given, `--reps` times; the figure is generated tokens per second
 of decoding (prompt time excluded); ratios are medians of per-rep ratios against `off`.
 Outputs are compared with off's of the same rep, request by request (greedy workloads).
 
@@ -45,6 +47,7 @@ PROSE = (
 )
 WORKLOADS = ("code", "rewrite", "prose", "adversarial")
 MODES = ("off", "lookup", "pair", "forced")
+DRAFTING = ("pair", "forced", "file")
 
 
 def child(
@@ -64,8 +67,9 @@ def child(
             model=target,
             threads=threads,
             speculate={"off": "off", "forced": "on"}.get(mode, "auto"),  # type: ignore[arg-type]
-            draft_model=draft if mode in ("pair", "forced") else None,
+            draft_model=draft if mode in DRAFTING else None,
             cache_dir=cache,
+            plugins={"draft_model": {"weights": "file" if mode == "file" else "q4_0"}},
         )
         runtime = start_runtime(settings, plugins=PluginHost(discover=False))
         engine, backend = runtime.engine, runtime.backend
@@ -125,6 +129,9 @@ def main() -> None:
     parser.add_argument(
         "--workloads", nargs="*", default=list(WORKLOADS), choices=WORKLOADS, metavar="NAME"
     )
+    parser.add_argument(
+        "--modes", nargs="*", default=list(MODES), choices=(*MODES, "file"), metavar="MODE"
+    )
     parser.add_argument("--name", default="draft_pair_qwen2.5-coder")
     parser.add_argument("--child", nargs="*")
     args = parser.parse_args()
@@ -143,13 +150,14 @@ def main() -> None:
     extra += ["--target", args.target, "--draft", args.draft]
     report: dict[str, Any] = {"workloads": {}}
     for workload in args.workloads:
-        samples: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+        modes = ["off", *(mode for mode in args.modes if mode != "off")]
+        samples: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
         for _ in range(args.reps):
-            for mode in MODES:
+            for mode in modes:
                 samples[mode].append(measure(__file__, mode, workload, *extra))
-        rates = {mode: [s["tok_s"] for s in samples[mode]] for mode in MODES}
+        rates = {mode: [s["tok_s"] for s in samples[mode]] for mode in modes}
         row: dict[str, Any] = {}
-        for mode in MODES:
+        for mode in modes:
             runs = samples[mode]
             same = [
                 mine == plain
@@ -172,13 +180,16 @@ def main() -> None:
                 "outputs_identical_to_off": f"{sum(same)} of {len(same)}",
                 "governor_last_rep": runs[-1]["governor"],
             }
-        row["pair"]["vs_lookup"] = round(median_ratio(rates["pair"], rates["lookup"]), 3)
+        for mode, base in (("pair", "lookup"), ("pair", "file")):
+            if mode in row and base in row:
+                row[mode][f"vs_{base}"] = round(median_ratio(rates[mode], rates[base]), 3)
         report["workloads"][workload] = row
-        print(json.dumps({workload: {m: row[m]["vs_off"] for m in MODES}}), flush=True)
+        print(json.dumps({workload: {m: row[m]["vs_off"] for m in modes}}), flush=True)
     report.update(
         host=host_description(),
         threads=args.threads,
         reps=args.reps,
+        modes=modes,
         max_tokens=args.max_tokens,
         prompts=args.prompts,
         target=Path(args.target).name,

@@ -5,7 +5,7 @@ bit-identical to decoding them one by one. So greedy outputs with drafts must eq
 plain path up to a first divergence, and there the plain path must have been at a near-tie,
 no more often than the measured drift allows (see near_tie.py). The draft-model pair is
 made here: a Q8_0 copy of SmolLM2 is the target and the packaged Q4_1 file drafts for it
-(same vocabulary).
+(same vocabulary), from the Q4_0 copy the draft source makes of it.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import llama_cpp
+import numpy as np
 import pytest
 from near_tie import (
     TOP,
@@ -23,10 +24,13 @@ from near_tie import (
     plain_run,
 )
 
-from reame_core.backend.llama import LlamaBackend
+from reame_core.backend.base import Batch
+from reame_core.backend.llama import LlamaBackend, _header_only, _meta
+from reame_core.builtins.draft_model import check_same_vocabulary
 from reame_core.chat import encode_chat
 from reame_core.engine.engine import Engine
 from reame_core.errors import ModelLoadError
+from reame_core.models.draft_copy import FOLDER, copy_name, q4_0_copy
 from reame_core.plugins import PluginHost
 from reame_core.request import GenerationRequest, SamplingParams
 from reame_core.runtime import start_runtime
@@ -119,9 +123,32 @@ def test_draft_model_output_follows_the_plain_path(
 
     accepted = sum(r.usage.draft_accepted.get("draft_model", 0) for r in results)
     proposed = sum(r.usage.draft_proposed.get("draft_model", 0) for r in results)
-    assert accepted > proposed // 2, (accepted, proposed)  # Q4_1 guesses Q8_0 well
+    assert accepted > proposed // 2, (accepted, proposed)  # Q4_0 guesses Q8_0 well
+    assert [path.name for path in (settings.cache_path / FOLDER).iterdir()] == [
+        copy_name(smollm2_path)
+    ], "it drafted from its Q4_0 copy"
     drafted = [result.candidates[0].tokens for result in results]
     assert_near_ties(plain, drafted, VERIFY_FLIP_RATE_Q8_0)
+
+
+def test_the_q4_0_copy_has_every_matrix_in_q4_0_and_the_same_vocabulary(
+    backend: LlamaBackend, smollm2_path: Path, tmp_path: Path
+) -> None:
+    copy = q4_0_copy(smollm2_path, tmp_path, threads=2)
+    assert copy is not None
+    with _header_only(copy) as model:
+        assert _meta(model, "general.file_type") == str(llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0)
+    draft = LlamaBackend(copy, n_ctx_seq=256, n_seq_max=1, n_batch=64, n_threads=2)
+    try:
+        check_same_vocabulary(backend.info, draft.info)
+        prompt = draft.tokenize("def add(a, b):\n    return", add_special=True, parse_special=False)
+        batch = Batch()
+        for position, token in enumerate(prompt):
+            batch.add(token, position, 0, position == len(prompt) - 1)
+        answer = draft.tokenize(" a", add_special=False, parse_special=False)
+        assert int(np.argmax(draft.decode(batch)[0])) == answer[0]
+    finally:
+        draft.close()
 
 
 @pytest.mark.gemma
