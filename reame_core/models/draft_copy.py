@@ -62,7 +62,7 @@ def q4_0_copy(source: Path, cache_dir: Path, *, threads: int) -> Path | None:
         seconds=round(time.perf_counter() - started, 1),
         megabytes=round(copy.stat().st_size / 1e6),
     )
-    _remove_older_copies(folder, copy)
+    _remove_older_copies(folder, source, copy)
     return copy
 
 
@@ -86,14 +86,29 @@ def _quantize(source: Path, target: Path, threads: int) -> int:
     return int(llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), params))
 
 
-def _remove_older_copies(folder: Path, kept: Path) -> None:
+def remove_copies(source: Path, cache_dir: Path) -> int:
+    """Delete every copy made of `source` (`reame rm` of the model); the bytes freed."""
+    freed = 0
+    for copy in _copies(cache_dir / FOLDER, source):
+        with contextlib.suppress(FileNotFoundError):
+            size = copy.stat().st_size
+            copy.unlink()
+            freed += size
+    return freed
+
+
+def _remove_older_copies(folder: Path, source: Path, kept: Path) -> None:
     """Copies made from earlier versions of the same source file."""
-    where = kept.name.removesuffix(".q4_0.gguf")[:-KEY]
-    for other in folder.glob(f"{glob.escape(where)}{'?' * KEY}.q4_0.gguf"):
+    for other in _copies(folder, source):
         if other != kept:
             with contextlib.suppress(FileNotFoundError):
                 other.unlink()
                 log.info("older Q4_0 copy of the draft model removed", copy=str(other))
+
+
+def _copies(folder: Path, source: Path) -> list[Path]:
+    where = _key(str(source.resolve()))
+    return list(folder.glob(f"{glob.escape(_stem(source))}.{where}{'?' * KEY}.q4_0.gguf"))
 
 
 def _stem(source: Path) -> str:

@@ -25,7 +25,7 @@ import structlog
 from huggingface_hub.utils.tqdm import tqdm
 
 from reame_core.errors import ModelLoadError, ReameError
-from reame_core.models import hub, pypi_parts
+from reame_core.models import draft_copy, hub, pypi_parts
 from reame_core.models.errors import ModelDownloadError, ModelNotDownloadedError
 from reame_core.models.hub import HubConfig
 from reame_core.models.ledger import ModelLedger
@@ -86,6 +86,8 @@ class ModelStore:
         self.progress_bar = progress_bar
         # Files joined from PyPI part packages; the store alone writes here.
         self.assembled_dir = assembled_dir or ledger.path.parent / "models"
+        # Where the draft model source keeps its copies of models (`draft_copy`).
+        self.cache_dir = ledger.path.parent
 
     @classmethod
     def in_cache_dir(cls, cache_dir: Path) -> ModelStore:
@@ -190,6 +192,7 @@ class ModelStore:
             raise ModelNotDownloadedError(
                 f"{ref.name} is not downloaded (looked in {self.hub.repo_dir(ref.repo)})."
             )
+        freed += draft_copy.remove_copies(path, self.cache_dir)
         return freed + self._remove_hub_file(ref.repo, file, path)
 
     def entries(self, *, include_available: bool = False) -> list[ModelEntry]:
@@ -291,6 +294,7 @@ class ModelStore:
             size = path.stat().st_size
         except FileNotFoundError:
             return 0
+        size += draft_copy.remove_copies(path, self.cache_dir)
         self.ledger.forget(path)
         path.unlink()
         return size

@@ -18,8 +18,8 @@ from fakehub import FakeHub
 from huggingface_hub.constants import DOWNLOAD_CHUNK_SIZE
 from huggingface_hub.utils.tqdm import tqdm
 
+from reame_core.models import draft_copy, parse_model_name
 from reame_core.models import hub as hub_module
-from reame_core.models import parse_model_name
 from reame_core.models.errors import ModelDownloadError, ModelNotDownloadedError
 from reame_core.models.hub import HubConfig
 from reame_core.models.registry import CARDS
@@ -282,6 +282,25 @@ def test_rm_deletes_the_model_and_ls_forgets_it(qwen: FakeHub, store: ModelStore
     assert freed == len(BLOB)
     assert "qwen2.5-1.5b" not in {row.name for row in store.entries()}
     assert not store.hub.repo_dir(QWEN.repo).exists()
+
+
+def test_rm_deletes_the_q4_0_copies_made_of_the_model(
+    qwen: FakeHub, store: ModelStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = store.pull(parse_model_name("qwen2.5-1.5b")).path
+
+    def quantize(source: Path, target: Path, threads: int) -> int:
+        target.write_bytes(b"q4")
+        return 0
+
+    monkeypatch.setattr(draft_copy, "_quantize", quantize)
+    copy = draft_copy.q4_0_copy(path, store.cache_dir, threads=1)
+    assert copy is not None and copy.exists()
+
+    freed = store.remove(parse_model_name("qwen2.5-1.5b"))
+
+    assert freed == len(BLOB) + len(b"q4")
+    assert not copy.exists()
 
 
 def test_rm_keeps_the_other_files_of_the_repository(fake_hub: FakeHub, store: ModelStore) -> None:
