@@ -148,9 +148,9 @@ def main() -> None:
     extra = ["--threads", str(args.threads), "--max-tokens", str(args.max_tokens)]
     extra += ["--prompts", str(args.prompts)]
     extra += ["--target", args.target, "--draft", args.draft]
+    modes = ["off", *(mode for mode in dict.fromkeys(args.modes) if mode != "off")]
     report: dict[str, Any] = {"workloads": {}}
     for workload in args.workloads:
-        modes = ["off", *(mode for mode in args.modes if mode != "off")]
         samples: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
         for _ in range(args.reps):
             for mode in modes:

@@ -21,6 +21,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -88,38 +89,39 @@ class DraftModel:
         name = draft_model_name(settings)
         if name is None:
             return
-        from reame_core.backend.llama import LlamaBackend
         from reame_core.models import ModelStore
         from reame_core.models.draft_copy import q4_0_copy
 
         draft = ModelStore.in_cache_dir(settings.cache_path).resolve(name)
-        path = draft.path
+        copy = None
         if self.settings.weights == "q4_0":
-            path = q4_0_copy(draft.path, settings.cache_path, threads=model.n_threads) or path
-        type_k, type_v = _kv_types(model.kv_type)
-        backend = LlamaBackend(
-            path,
-            n_ctx_seq=model.n_ctx_seq,
-            n_seq_max=model.n_seq_max,
-            n_batch=model.n_batch,
-            n_threads=model.n_threads,
-            name=draft.name,
-            # Load the way the target was: the build check may have ruled out the default,
-            # and the host plan chose the faster attention for this CPU and its KV types.
-            use_extra_bufts=bool(model.extra.get("use_extra_bufts", True)),
-            flash_attn=bool(model.extra.get("flash_attn", True)),
-            type_k=type_k,
-            type_v=type_v,
-        )
+            copy = q4_0_copy(draft.path, settings.cache_path, threads=model.n_threads)
+        backend = None
+        if copy is not None:
+            try:
+                backend = load_draft(copy, draft.name, model)
+            except ModelLoadError as error:
+                log.warning(
+                    "the Q4_0 copy of the draft model did not load; removed, drafting from "
+                    "its file",
+                    copy=str(copy),
+                    error=str(error),
+                )
+                copy.unlink(missing_ok=True)
+                copy = None
+        if backend is None:
+            backend = load_draft(draft.path, draft.name, model)
         try:
             check_same_vocabulary(model, backend.info)
         except ModelLoadError:
             backend.close()
+            if copy is not None:
+                copy.unlink(missing_ok=True)  # no use to keep for a model it cannot serve
             raise
         self.backend = backend
         self._free = list(range(model.n_seq_max - 1, -1, -1))
         self._longest = max(1, settings.draft_max)
-        log.info("draft model loaded", draft=draft.name, file=path.name, target=model.name)
+        log.info("draft model loaded", draft=draft.name, file=backend.path.name, target=model.name)
 
     @hookimpl
     def reame_draft_cost(self) -> DraftCost | None:
@@ -265,6 +267,27 @@ class DraftModel:
         logits = backend.decode(batch)
         for row, index in enumerate(owners):
             rows[index] = np.array(logits[row], copy=True)
+
+
+def load_draft(path: Path, name: str, model: ModelInfo) -> LlamaBackend:
+    """The draft model's context, sized and loaded as the target's was."""
+    from reame_core.backend.llama import LlamaBackend
+
+    type_k, type_v = _kv_types(model.kv_type)
+    return LlamaBackend(
+        path,
+        n_ctx_seq=model.n_ctx_seq,
+        n_seq_max=model.n_seq_max,
+        n_batch=model.n_batch,
+        n_threads=model.n_threads,
+        name=name,
+        # Load the way the target was: the build check may have ruled out the default,
+        # and the host plan chose the faster attention for this CPU and its KV types.
+        use_extra_bufts=bool(model.extra.get("use_extra_bufts", True)),
+        flash_attn=bool(model.extra.get("flash_attn", True)),
+        type_k=type_k,
+        type_v=type_v,
+    )
 
 
 def draft_model_name(settings: Settings) -> str | None:

@@ -6,12 +6,15 @@ never changes an answer; what a drafted token costs decides whether a draft can 
 On a CPU the format matters more than the size: llama.cpp repacks Q4_0 for its fastest
 matrix kernels on x86 (AMX where the CPU has it, AVX2 and AVX-512 otherwise) and ARM (NEON,
 i8mm), while a Q4_K_M file of a small model keeps most of its matrices in formats without
-such kernels (Qwen2.5-Coder-0.5B's: Q5_0, and its output layer, over a third of the bytes
-a token reads, in Q8_0). The copy is made once with
-llama.cpp's own quantizer, every matrix Q4_0 (norms stay as they are), under the cache
-directory's ``drafts/``, written to a temporary name and renamed when complete. Its name
-carries the source's path, size and mtime, so a changed source gets a new copy (the old one
-is removed) and no copy is ever read half-written.
+such kernels (Qwen2.5-Coder-0.5B's: Q5_0) and its output layer, over a third of the bytes a
+token reads, in Q8_0, twice Q4_0's bytes.
+
+The copy is made once with llama.cpp's own quantizer, every matrix Q4_0 (norms stay as they
+are), under the cache directory's ``drafts/``: one process at a time (a lock file), written
+under a scratch name, fsynced and renamed, so no copy is ever read half-written. Its name is
+the source's file name and a key of the source's path, size and mtime, so a new version of
+the file replaces its copy. Where no copy can be made (no room, a read-only cache, a file
+llama.cpp cannot quantize) the draft model is loaded from its file.
 """
 
 from __future__ import annotations
@@ -20,41 +23,88 @@ import contextlib
 import glob
 import hashlib
 import os
-import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import structlog
+
+from reame_core.autoconfig.facts import free_disk_bytes
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: two processes may both make a copy, one rename wins
+    fcntl = None  # type: ignore[assignment]
 
 log = structlog.get_logger(__name__)
 
 FOLDER = "drafts"
 RECIPE = "q4_0-pure-1"  # part of every copy's key: a new recipe makes new copies
-KEY = 8  # hex digits of each half of a copy's key
+KEY_DIGITS = 16
+SUFFIX = ".q4_0.gguf"
 
 
 def q4_0_copy(source: Path, cache_dir: Path, *, threads: int) -> Path | None:
-    """The Q4_0 copy of `source`, made now if there is none; None where llama.cpp's
-    quantizer cannot make one (the caller then drafts from `source` itself)."""
+    """The Q4_0 copy of `source`, made now if there is none; None where none can be made
+    (the caller then drafts from `source` itself)."""
     folder = cache_dir / FOLDER
     copy = folder / copy_name(source)
     if copy.is_file():
         return copy
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, scratch = tempfile.mkstemp(dir=folder, prefix=f".{copy.name}.", suffix=".part")
-    os.close(fd)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if free_disk_bytes(folder) < source.stat().st_size:
+            log.warning("no room for a Q4_0 copy of the draft model", folder=str(folder))
+            return None
+        with _lock(folder):
+            if not copy.is_file() and not _make(source, copy, threads):
+                return None
+    except OSError as error:
+        log.warning("no Q4_0 copy of the draft model", source=str(source), error=str(error))
+        return None
+    for older in _copies(folder, source):
+        if older != copy:
+            older.unlink(missing_ok=True)
+            log.info("older Q4_0 copy of the draft model removed", copy=str(older))
+    return copy
+
+
+def remove_copies(source: Path, cache_dir: Path) -> int:
+    """Delete every copy made of a file of `source`'s name, and what a crash left of one
+    being made; the bytes freed."""
+    folder = cache_dir / FOLDER
+    freed = 0
+    for path in [*_copies(folder, source), *_scratch_files(folder, source)]:
+        with contextlib.suppress(FileNotFoundError):
+            size = path.stat().st_size
+            path.unlink()
+            freed += size
+    return freed
+
+
+def copy_name(source: Path) -> str:
+    """``<file name>.<key>.q4_0.gguf``, the key naming the source's path, size, mtime and
+    the recipe."""
+    stat = source.stat()
+    identity = f"{source.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{RECIPE}"
+    key = hashlib.sha256(identity.encode()).hexdigest()[:KEY_DIGITS]
+    return f"{_stem(source)}.{key}{SUFFIX}"
+
+
+def _make(source: Path, copy: Path, threads: int) -> bool:
+    # One scratch name per copy: what a killed process left is overwritten by the next try.
+    scratch = copy.with_name(f".{copy.name}.part")
     started = time.perf_counter()
     try:
-        status = _quantize(source, Path(scratch), threads)
+        status = _quantize(source, scratch, threads)
         if status != 0:
             log.warning("no Q4_0 copy of the draft model", source=str(source), status=status)
-            return None
+            return False
         with open(scratch, "rb") as written:
             os.fsync(written.fileno())  # on disk before it has the name readers look for
         os.replace(scratch, copy)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(scratch)
+        scratch.unlink(missing_ok=True)
     log.info(
         "draft model copied to Q4_0",
         source=str(source),
@@ -62,17 +112,7 @@ def q4_0_copy(source: Path, cache_dir: Path, *, threads: int) -> Path | None:
         seconds=round(time.perf_counter() - started, 1),
         megabytes=round(copy.stat().st_size / 1e6),
     )
-    _remove_older_copies(folder, source, copy)
-    return copy
-
-
-def copy_name(source: Path) -> str:
-    """``<stem>.<where><which>.q4_0.gguf``: `where` names the source's path, `which` its
-    size, mtime and the recipe, so a new version of a file replaces its own copy only."""
-    stat = source.stat()
-    where = _key(str(source.resolve()))
-    which = _key(f"{stat.st_size}|{stat.st_mtime_ns}|{RECIPE}")
-    return f"{_stem(source)}.{where}{which}.q4_0.gguf"
+    return True
 
 
 def _quantize(source: Path, target: Path, threads: int) -> int:
@@ -81,39 +121,34 @@ def _quantize(source: Path, target: Path, threads: int) -> int:
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
     params.allow_requantize = True
-    params.pure = True  # the output layer and embeddings too, not llama.cpp's Q6_K for them
+    params.pure = True  # the output layer too (llama.cpp would give it Q6_K or Q8_0)
     params.nthread = max(1, threads)
     return int(llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), params))
 
 
-def remove_copies(source: Path, cache_dir: Path) -> int:
-    """Delete every copy made of `source` (`reame rm` of the model); the bytes freed."""
-    freed = 0
-    for copy in _copies(cache_dir / FOLDER, source):
-        with contextlib.suppress(FileNotFoundError):
-            size = copy.stat().st_size
-            copy.unlink()
-            freed += size
-    return freed
-
-
-def _remove_older_copies(folder: Path, source: Path, kept: Path) -> None:
-    """Copies made from earlier versions of the same source file."""
-    for other in _copies(folder, source):
-        if other != kept:
-            with contextlib.suppress(FileNotFoundError):
-                other.unlink()
-                log.info("older Q4_0 copy of the draft model removed", copy=str(other))
+@contextlib.contextmanager
+def _lock(folder: Path) -> Iterator[None]:
+    """Held while a copy is made: a second process starting meanwhile waits and uses it."""
+    if fcntl is None:
+        yield
+        return
+    with open(folder / ".lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _copies(folder: Path, source: Path) -> list[Path]:
-    where = _key(str(source.resolve()))
-    return list(folder.glob(f"{glob.escape(_stem(source))}.{where}{'?' * KEY}.q4_0.gguf"))
+    pattern = f"{glob.escape(_stem(source))}.{'?' * KEY_DIGITS}{SUFFIX}"
+    return list(folder.glob(pattern))
+
+
+def _scratch_files(folder: Path, source: Path) -> list[Path]:
+    pattern = f".{glob.escape(_stem(source))}.{'?' * KEY_DIGITS}{SUFFIX}.part"
+    return list(folder.glob(pattern))
 
 
 def _stem(source: Path) -> str:
     return source.name.removesuffix(".gguf")
-
-
-def _key(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:KEY]

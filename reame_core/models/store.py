@@ -80,14 +80,16 @@ class ModelStore:
         progress_bar: type[tqdm] | None = None,
         *,
         assembled_dir: Path | None = None,
+        cache_dir: Path | None = None,
     ) -> None:
         self.hub = hub_config
         self.ledger = ledger
         self.progress_bar = progress_bar
+        # Reame's cache dir: the draft model source keeps its copies of models there
+        # (`draft_copy`), and removing a model removes them.
+        self.cache_dir = cache_dir or ledger.path.parent
         # Files joined from PyPI part packages; the store alone writes here.
-        self.assembled_dir = assembled_dir or ledger.path.parent / "models"
-        # Where the draft model source keeps its copies of models (`draft_copy`).
-        self.cache_dir = ledger.path.parent
+        self.assembled_dir = assembled_dir or self.cache_dir / "models"
 
     @classmethod
     def in_cache_dir(cls, cache_dir: Path) -> ModelStore:
@@ -96,6 +98,7 @@ class ModelStore:
             HubConfig.from_environment(),
             ModelLedger(cache_dir / "models.json"),
             assembled_dir=cache_dir / "models",
+            cache_dir=cache_dir,
         )
 
     def resolve(self, name: str | None, *, record_use: bool = True) -> ResolvedModel:

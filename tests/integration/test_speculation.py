@@ -104,7 +104,7 @@ def test_prompt_lookup_output_follows_the_plain_path(
 
 
 def test_draft_model_output_follows_the_plain_path(
-    q8_backend: LlamaBackend, smollm2_path: Path, make_engine: MakeEngine
+    q8_backend: LlamaBackend, smollm2_path: Path, make_engine: MakeEngine, tmp_path: Path
 ) -> None:
     prompts = [encode_chat(q8_backend.info, [{"role": "user", "content": t}]) for t in REWRITES]
     plain_engine = make_engine(q8_backend)
@@ -112,11 +112,15 @@ def test_draft_model_output_follows_the_plain_path(
     plain_engine.stop()
     for seq_id in range(q8_backend.info.n_seq_max):
         q8_backend.seq_rm(seq_id, -1, -1)
-    settings = Settings(draft_model=str(smollm2_path), speculate="on", threads=2)
+    settings = Settings(
+        draft_model=str(smollm2_path), speculate="on", threads=2, cache_dir=tmp_path
+    )
     runtime = start_runtime(
         settings, backend=q8_backend, plugins=PluginHost(["prompt_lookup"], discover=False)
     )
     try:
+        draft = runtime.plugins.manager.get_plugin("draft_model").backend
+        assert draft.path == tmp_path / FOLDER / copy_name(smollm2_path), "drafts from its copy"
         results = [runtime.engine.generate(greedy(p)) for p in prompts]
     finally:
         runtime.engine.stop()
@@ -124,9 +128,6 @@ def test_draft_model_output_follows_the_plain_path(
     accepted = sum(r.usage.draft_accepted.get("draft_model", 0) for r in results)
     proposed = sum(r.usage.draft_proposed.get("draft_model", 0) for r in results)
     assert accepted > proposed // 2, (accepted, proposed)  # Q4_0 guesses Q8_0 well
-    assert [path.name for path in (settings.cache_path / FOLDER).iterdir()] == [
-        copy_name(smollm2_path)
-    ], "it drafted from its Q4_0 copy"
     drafted = [result.candidates[0].tokens for result in results]
     assert_near_ties(plain, drafted, VERIFY_FLIP_RATE_Q8_0)
 
@@ -140,6 +141,10 @@ def test_the_q4_0_copy_has_every_matrix_in_q4_0_and_the_same_vocabulary(
         assert _meta(model, "general.file_type") == str(llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0)
     draft = LlamaBackend(copy, n_ctx_seq=256, n_seq_max=1, n_batch=64, n_threads=2)
     try:
+        # Q4_0 stores 4.5 bits a weight; llama.cpp's own Q4_0 mix gives SmolLM2's tied
+        # embeddings, its output layer, a wider type (5.35 bits a weight over the model).
+        bits = llama_cpp.llama_model_size(draft._model) * 8
+        assert bits / llama_cpp.llama_model_n_params(draft._model) < 4.6
         check_same_vocabulary(backend.info, draft.info)
         prompt = draft.tokenize("def add(a, b):\n    return", add_special=True, parse_special=False)
         batch = Batch()
