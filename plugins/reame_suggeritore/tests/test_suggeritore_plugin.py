@@ -120,7 +120,10 @@ def test_the_api_answers_with_json_that_follows_the_schema(
     asked = {"prompt": "Answer."} if route == "/v1/completions" else CHAT
     body = {
         **asked,
-        "max_tokens": 60,
+        # Room for the longest answer the schema allows: sampled, each of the 20 characters
+        # of "why" may be an escape such as \u00e9, six bytes, and the fake model writes a
+        # byte a token.
+        "max_tokens": 200,
         "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}},
     }
 
