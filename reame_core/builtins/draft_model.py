@@ -4,11 +4,13 @@ Active when ``--draft-model NAME|PATH`` is set. The draft runs in its own llama.
 on the engine thread, with one sequence mirroring each of the target's decoding sequences.
 It drafts from a Q4_0 copy of the file (`reame_core.models.draft_copy`): the format
 llama.cpp's CPU kernels run fastest, which can halve what a drafted token costs. Before each
-proposal a mirror catches up with its sequence (prompt at first, then what was
-committed since) after cutting back whatever the target rejected, so rollback needs no
-message. Drafts are the draft model's argmax, batched across sequences, one decode per
-drafted position; a sequence stops drafting when the draft model is unsure of its guess.
-Proposals are deterministic (q one-hot), which keeps speculative sampling exact too.
+proposal a mirror catches up with its sequence (prompt at first, then what was committed
+since) after cutting back whatever the target rejected, so rollback needs no message; a new
+mirror whose sequence starts as another mirror's does (a shared system prompt) copies that
+start from it instead of computing it again. Drafts are the draft model's argmax, batched
+across sequences, one decode per drafted position; a sequence stops drafting when the draft
+model is unsure of its guess. Proposals are deterministic (q one-hot), which keeps
+speculative sampling exact too.
 
 Before the engine's first step it times a few of its own decodes, on the engine thread, and
 gives the governor what a call costs (`reame_draft_cost`), so that on a host where it is
@@ -47,6 +49,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 NAME = "draft_model"
+# Fewer tokens shared with another mirror are read again rather than copied from it.
+MIN_COPIED = 32
 # Decoded once, untimed, before the timed decodes: a fresh context's first decodes are slow.
 WARM_UP_TEXT = "def mean(values: list[float]) -> float:\n    return sum(values) / len(values)\n"
 
@@ -209,6 +213,7 @@ class DraftModel:
             if keep < len(mirror.tokens):
                 backend.seq_rm(mirror.seq_id, keep)
                 del mirror.tokens[keep:]
+            keep = self._copy_shared_start(backend, mirror, history, keep)
             feeds.append(history[keep:])
         rows: list[np.ndarray | None] = [None] * len(work)
         batch, owners = Batch(), list[int]()
@@ -228,6 +233,25 @@ class DraftModel:
         caught_up = [row for row in rows if row is not None]
         assert len(caught_up) == len(work)  # every feed holds at least one token
         return caught_up
+
+    def _copy_shared_start(
+        self, backend: LlamaBackend, mirror: _Mirror, history: list[int], keep: int
+    ) -> int:
+        """Where `mirror` must read `history` from, once the longest start it shares with
+        another mirror (a system prompt before another request) is copied from there
+        instead of computed again; `keep` where no other mirror holds more of it."""
+        donor, shared = None, keep
+        for other in self._mirrors.values():
+            if other is not mirror:
+                common = min(_common_prefix(other.tokens, history), len(history) - 1)
+                if common > shared:
+                    donor, shared = other, common
+        if donor is None or shared - keep < MIN_COPIED:
+            return keep
+        backend.seq_cp(donor.seq_id, mirror.seq_id)
+        backend.seq_rm(mirror.seq_id, shared)
+        mirror.tokens[:] = history[:shared]
+        return shared
 
     def _draft(
         self,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 import numpy as np
@@ -26,13 +27,13 @@ from near_tie import (
 
 from reame_core.backend.base import Batch
 from reame_core.backend.llama import LlamaBackend, _header_only, _meta
-from reame_core.builtins.draft_model import check_same_vocabulary
+from reame_core.builtins.draft_model import MIN_COPIED, DraftModel, check_same_vocabulary
 from reame_core.chat import encode_chat
 from reame_core.engine.engine import Engine
 from reame_core.errors import ModelLoadError
 from reame_core.models.draft_copy import FOLDER, copy_name, q4_0_copy
 from reame_core.plugins import PluginHost
-from reame_core.request import GenerationRequest, SamplingParams
+from reame_core.request import FinishEvent, GenerationRequest, SamplingParams
 from reame_core.runtime import start_runtime
 from reame_core.settings import Settings
 
@@ -128,6 +129,53 @@ def test_draft_model_output_follows_the_plain_path(
     accepted = sum(r.usage.draft_accepted.get("draft_model", 0) for r in results)
     proposed = sum(r.usage.draft_proposed.get("draft_model", 0) for r in results)
     assert accepted > proposed // 2, (accepted, proposed)  # Q4_0 guesses Q8_0 well
+    drafted = [result.candidates[0].tokens for result in results]
+    assert_near_ties(plain, drafted, VERIFY_FLIP_RATE_Q8_0)
+
+
+def test_draft_mirrors_copy_a_shared_system_prompt_and_follow_the_plain_path(
+    q8_backend: LlamaBackend,
+    smollm2_path: Path,
+    make_engine: MakeEngine,
+    tmp_path: Path,
+    generate_together: Callable[[Engine, list[GenerationRequest]], list[FinishEvent]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    system = " ".join(REWRITES[4:])  # one long system prompt before every request
+    prompts = [
+        encode_chat(
+            q8_backend.info,
+            [{"role": "system", "content": system}, {"role": "user", "content": text}],
+        )
+        for text in REWRITES[:3]
+    ]
+    plain_engine = make_engine(q8_backend)
+    plain = [plain_run(plain_engine, greedy(p)) for p in prompts]
+    plain_engine.stop()
+    for seq_id in range(q8_backend.info.n_seq_max):
+        q8_backend.seq_rm(seq_id, -1, -1)
+    copied: list[int] = []
+    copy_shared_start = DraftModel._copy_shared_start
+
+    def counting(self: DraftModel, *args: Any) -> int:
+        start = copy_shared_start(self, *args)
+        copied.append(start - args[-1])
+        return start
+
+    monkeypatch.setattr(DraftModel, "_copy_shared_start", counting)
+    settings = Settings(
+        draft_model=str(smollm2_path), speculate="on", threads=2, cache_dir=tmp_path
+    )
+    runtime = start_runtime(
+        settings, backend=q8_backend, plugins=PluginHost(["prompt_lookup"], discover=False)
+    )
+    try:
+        results = generate_together(runtime.engine, [greedy(p) for p in prompts])
+    finally:
+        runtime.engine.stop()
+
+    assert max(copied) >= MIN_COPIED, "a later mirror copied the system prompt"
+    assert sum(r.usage.draft_accepted.get("draft_model", 0) for r in results) > 0
     drafted = [result.candidates[0].tokens for result in results]
     assert_near_ties(plain, drafted, VERIFY_FLIP_RATE_Q8_0)
 

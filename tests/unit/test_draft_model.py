@@ -5,15 +5,22 @@ whose vocabulary differs (the real-model behaviour is in tests/integration)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from reame_core.backend.fake import FakeBackend, FakeVocabulary
 from reame_core.builtins import draft_model
-from reame_core.builtins.draft_model import DraftModel, check_same_vocabulary, draft_model_name
+from reame_core.builtins.draft_model import (
+    DraftModel,
+    DraftModelSettings,
+    check_same_vocabulary,
+    draft_model_name,
+)
 from reame_core.errors import ModelLoadError
-from reame_core.hooktypes import ModelInfo
+from reame_core.hooktypes import DraftRequest, ModelInfo, SequenceView
 from reame_core.models import draft_copy
 from reame_core.settings import Settings
 
@@ -164,3 +171,50 @@ def test_a_refused_draft_model_leaves_no_copy(
     with pytest.raises(ModelLoadError, match="token 97"):
         configure(monkeypatch, Loader(vocab=EditedVocabulary(pieces)), draft_file, copy)
     assert not copy.exists()
+
+
+@dataclass
+class Seq:
+    """The fields of a `SequenceView` the draft model reads."""
+
+    key: int
+    prompt_tokens: list[int]
+    output_tokens: list[int] = field(default_factory=list)
+
+
+def propose(source: DraftModel, seq: Seq) -> tuple[int, ...]:
+    """One draft token for `seq` (so the draft model decodes only to catch up)."""
+    proposals = source.reame_propose_drafts([DraftRequest(cast(SequenceView, seq), 1)])
+    return proposals[0].tokens if proposals else ()
+
+
+def drafting_over(backend: FakeBackend) -> DraftModel:
+    source = DraftModel()
+    source.settings = DraftModelSettings(min_confidence=0.0)
+    source.backend = backend  # type: ignore[assignment]
+    source._free = list(range(backend.info.n_seq_max - 1, -1, -1))
+    return source
+
+
+SYSTEM = [30 + (7 * i) % 200 for i in range(200)]
+
+
+def test_a_mirror_copies_the_start_another_holds_instead_of_reading_it_again() -> None:
+    backend = FakeBackend(n_seq_max=4)
+    source = drafting_over(backend)
+    propose(source, Seq(1, [*SYSTEM, 1, 2, 3]))
+    before = backend.decoded_tokens
+    drafted = propose(source, Seq(2, [*SYSTEM, 4, 5]))
+    assert backend.decoded_tokens - before == 2, "only the tokens after the shared start"
+    alone = propose(drafting_over(FakeBackend(n_seq_max=4)), Seq(2, [*SYSTEM, 4, 5]))
+    assert drafted == alone, "the copied start drafts as the start read again"
+
+
+def test_a_short_shared_start_is_read_again() -> None:
+    backend = FakeBackend(n_seq_max=4)
+    source = drafting_over(backend)
+    short = SYSTEM[: draft_model.MIN_COPIED - 1]
+    propose(source, Seq(1, [*short, 1, 2, 3]))
+    before = backend.decoded_tokens
+    propose(source, Seq(2, [*short, 4, 5]))
+    assert backend.decoded_tokens - before == len(short) + 2
