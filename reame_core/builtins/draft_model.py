@@ -31,6 +31,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from reame_core.backend.base import Batch, DecodeError
+from reame_core.engine.slots import common_prefix
 from reame_core.errors import ModelLoadError
 from reame_core.hookspecs import hookimpl
 from reame_core.hooktypes import (
@@ -208,7 +209,7 @@ class DraftModel:
         feeds = []
         for request, mirror in work:
             history = [*request.seq.prompt_tokens, *request.seq.output_tokens]
-            keep = _common_prefix(mirror.tokens, history)
+            keep = common_prefix(mirror.tokens, history)
             keep = min(keep, len(history) - 1)  # the last token is fed again for its logits
             if keep < len(mirror.tokens):
                 backend.seq_rm(mirror.seq_id, keep)
@@ -240,10 +241,12 @@ class DraftModel:
         """Where `mirror` must read `history` from, once the longest start it shares with
         another mirror (a system prompt before another request) is copied from there
         instead of computed again; `keep` where no other mirror holds more of it."""
+        if len(history) - 1 - keep < MIN_COPIED:
+            return keep  # a mirror a few tokens behind, as at every step: nothing to copy
         donor, shared = None, keep
         for other in self._mirrors.values():
             if other is not mirror:
-                common = min(_common_prefix(other.tokens, history), len(history) - 1)
+                common = min(common_prefix(other.tokens, history), len(history) - 1)
                 if common > shared:
                     donor, shared = other, common
         if donor is None or shared - keep < MIN_COPIED:
@@ -364,14 +367,6 @@ def check_same_vocabulary(target: ModelInfo, draft: ModelInfo) -> None:
                 f"The draft model {draft.name} does not share {target.name}'s vocabulary: "
                 f"token {token} is {other!r} there and {piece!r} here."
             )
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 def _argmax_with_confidence(row: np.ndarray) -> tuple[int, float]:

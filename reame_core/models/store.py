@@ -97,7 +97,6 @@ class ModelStore:
         return cls(
             HubConfig.from_environment(),
             ModelLedger(cache_dir / "models.json"),
-            assembled_dir=cache_dir / "models",
             cache_dir=cache_dir,
         )
 
