@@ -157,7 +157,8 @@ def _foresight(
     import numpy as np
 
     from reame_core.builtins.prompt_lookup import NgramIndex, PromptLookupSettings
-    from reame_palimpsest.archive_index import MAX_MATCH, draft
+    from reame_palimpsest.archive_index import MAX_MATCH
+    from reame_palimpsest.archive_index import lookup as archive_lookup
 
     s = plugin.settings
     lookup = PromptLookupSettings()
@@ -168,7 +169,9 @@ def _foresight(
     for t in range(len(output)):
         end = len(prompt) + t
         tail = np.array(sequence[max(0, end - MAX_MATCH) : end], dtype=np.uint32)
-        archived = draft(tail, indexes, draft_max, factor=s.draft_factor, min_share=s.min_share)
+        archived = archive_lookup(
+            tail, indexes, draft_max, factor=s.draft_factor, min_share=s.min_share
+        ).tokens
         copied = copier.propose(draft_max)
         found.append((*_came_true(archived, output[t:]), *_came_true(copied, output[t:])))
         copier.extend(output[t : t + 1])
@@ -218,6 +221,7 @@ def _summary(runtime: Any, plugin: Any, results: list[Any]) -> dict[str, Any]:
     """A pass's figures: decode rate (prompt time excluded), drafts, the ceiling of the
     archive's drafts from the governor's cost curve, the archive's own counters."""
     governor = runtime.engine.governor
+    report = governor.report()
     source = governor.sources.get("palimpsest")
     ceiling = None
     if source is not None and source.drafts:
@@ -239,7 +243,10 @@ def _summary(runtime: Any, plugin: Any, results: list[Any]) -> dict[str, Any]:
         "accepted": _summed([r.usage.draft_accepted for r in results]),
         "outputs": [list(r.candidates[0].tokens) for r in results],
         "ceiling": ceiling,
-        "pass_ms": governor.report()["pass_ms"],
+        "pass_ms": report["pass_ms"],
+        # Per source and kind of draft (`DraftProposal.kind`): acceptance per drafted
+        # token as the governor last knew it (decayed over recent drafts).
+        "kinds": {row["source"]: row["kinds"] for row in report["sources"] if row["kinds"]},
         "archive": None if stats is None else {
             k: v for k, v in stats["palimpsest"].items()
             if k in ("index_tokens", "lookups", "drafts", "lookup_us_mean", "records_written")
@@ -507,6 +514,7 @@ def main() -> None:
         row["proposed_by_source"] = _summed([r[mine]["proposed"] for r in runs])
         row["archive_by_rep"] = [r[mine]["archive"] for r in runs]
         row["pass_ms"] = runs[-1][mine]["pass_ms"]
+        row["acceptance_by_kind_by_rep"] = [r[mine].get("kinds", {}) for r in runs]
         report["workloads"][workload] = row
         print(json.dumps({workload: row}), flush=True)
 

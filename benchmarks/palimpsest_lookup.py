@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from reame_palimpsest.archive_index import MAX_MATCH, ArchiveIndex, draft
+from reame_palimpsest.archive_index import MAX_MATCH, ArchiveIndex, lookup
 
 VOCAB = 49_152
 
@@ -66,7 +66,7 @@ def time_lookups(index: ArchiveIndex, tails: list[np.ndarray]) -> dict[str, floa
     times, lengths = [], []
     for tail in tails:
         started = time.perf_counter()
-        drafted = draft(tail, [index], 32, factor=1.0, min_share=0.1)
+        drafted = lookup(tail, [index], 32, factor=1.0, min_share=0.1).tokens
         times.append(time.perf_counter() - started)
         lengths.append(len(drafted))
     times.sort()

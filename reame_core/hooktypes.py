@@ -200,6 +200,12 @@ class DraftProposal:
     (the row that picks the next token), unless the request keeps logprobs (it asks for
     them, or plans several candidates): then they are verified. A source that says so of a
     token its constraint does not force changes the output.
+
+    `kind`: which of the source's kinds of draft this is, for a source whose drafts differ
+    in how often they come true in a way it can tell (the archive: the length of the match
+    behind the draft). The governor learns acceptance per source and per kind, so one kind's
+    misses do not price another's drafts; "" (the default) is judged with the source alone.
+    Keep the kinds few: each must earn its own evidence.
     """
 
     seq: SequenceView
@@ -207,6 +213,7 @@ class DraftProposal:
     tokens: tuple[int, ...]
     probs: np.ndarray | None = None
     certain: bool = False
+    kind: str = ""
 
 
 @dataclass(frozen=True)

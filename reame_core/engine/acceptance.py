@@ -241,6 +241,7 @@ class ShadowDraft:
     tokens: tuple[int, ...]
     start: int  # output length of the sequence when it was proposed
     verified: int = 0  # leading tokens that verification judges (and records)
+    kind: str = ""  # the proposal's `DraftProposal.kind`
     checked: int = 0
     done: bool = False
 

@@ -11,6 +11,8 @@ It learns online what it needs:
   - each source's acceptance by draft position, over all requests and per request
     (`Acceptance`), from verified drafts and from drafts it scored without verifying them
     (`ShadowDraft`: a declined draft is checked against the tokens committed after it);
+    and apart for each kind of draft a source tells apart (`DraftProposal.kind`), pulled
+    towards the source's own while a kind's evidence is thin;
   - how much of what it expected the drafts it chose to verify delivered
     (`Calibration`), position by position: it picks the drafts whose estimates are
     highest, which is where estimates err upwards, so a source's estimates are scaled
@@ -66,6 +68,7 @@ K_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 DECAY = 0.98  # per draft: a source's acceptance follows its recent drafts
 SEQ_DECAY = 0.95  # per draft: a request's own acceptance follows its recent text
 SEQ_PRIOR = 2.0  # weight, in drafts, of the source's acceptance in a request's estimate
+KIND_PRIOR = 4.0  # weight, in drafts, of the source's acceptance in one kind's estimate
 PROBE_BUDGET = 0.01  # probes (and asking a source every step) may cost this share of decoding
 PROBE_TOKENS = 4  # tokens asked of a probe
 PROBE_EVERY = 8  # steps before a request probes a source shown not to pay (doubling)
@@ -85,6 +88,7 @@ class SourceState:
     drafts: int = 0  # verified drafts
     shadowed: int = 0  # drafts scored without verifying them
     acceptance: Acceptance = field(default_factory=lambda: Acceptance(DECAY))
+    kinds: dict[str, Acceptance] = field(default_factory=dict)  # by `DraftProposal.kind`
     cost: ProposeCost = field(default_factory=ProposeCost)
     calls: int = 0
     propose_seconds: float = 0.0  # all its propose calls
@@ -114,6 +118,7 @@ class _Own:
     """One source as one request sees it."""
 
     acceptance: Acceptance = field(default_factory=lambda: Acceptance(SEQ_DECAY))
+    kinds: dict[str, Acceptance] = field(default_factory=dict)  # by `DraftProposal.kind`
     seen: int = 0  # tokens of the sequence (prompt + output) the source was last shown
     proposal: tuple[int, ...] = ()  # what it proposed then
     probe_at: int = 0  # step from which it may be probed for this request
@@ -167,8 +172,8 @@ class Governor:
         self._decoding = 1  # sequences decoding at the last planned step
         self._base: float | None = None  # seconds of this step without drafts
         self._with_draft: dict[int, float] = {}  # seconds of this step, one sequence drafting k
-        # This step's rates by request and source: as estimated, and calibrated.
-        self._rates_now: dict[tuple[int, str], tuple[list[float], list[float]]] = {}
+        # This step's rates by request, source and kind: as estimated, and calibrated.
+        self._rates_now: dict[tuple[int, str, str], tuple[list[float], list[float]]] = {}
         self._calls: dict[str, _Call] = {}
         self._by_key: dict[int, EngineSequence] = {}  # this step's decoding sequences
         self._order: tuple[int, list[str]] = (0, list(self.sources))  # (step, cheapest first)
@@ -277,7 +282,9 @@ class Governor:
                 k, gain = self._best(accepted_by_length(rates), limit, propose)
                 if k > 0 and gain > max(1.0, rivals.get(seq.key, 1.0)):
                     own.backoff = 0
-                    asked.append(DraftRequest(seq, k))
+                    # A source cheaper than a step drafts all it can: its draft's kind may
+                    # price it longer than the source's record does (`choose` cuts it).
+                    asked.append(DraftRequest(seq, k if dear else limit))
                     merit = True
                     continue
             if state.credit < 0.0 or self._step < own.probe_at:
@@ -370,7 +377,8 @@ class Governor:
                     forced[key] = proposal
             elif self._base is not None:
                 own = self._own(seq, state.name)
-                expected = accepted_by_length(self._rates(seq, state, own, len(proposal.tokens)))
+                rates = self._rates(seq, state, own, len(proposal.tokens), proposal.kind)
+                expected = accepted_by_length(rates)
                 k, gain = self._best(expected, len(expected) - 1)
                 if key not in offers or gain > offers[key].gain:
                     offers[key] = _Offer(proposal, expected, k, gain)
@@ -399,7 +407,7 @@ class Governor:
         calibration, for `record` to compare with what it yields."""
         self._bets = {}
         for key, draft in plan.items():
-            rates = self._rates_now.get((key, draft.source))
+            rates = self._rates_now.get((key, draft.source, draft.kind))
             if key in forced or key not in offers or rates is None:
                 continue
             raw, _ = rates
@@ -521,22 +529,33 @@ class Governor:
             if state is None or seq is None or not proposal.tokens:
                 continue
             own = self._own(seq, state.name)
-            rates = self._rates(seq, state, own, len(proposal.tokens))
+            rates = self._rates(seq, state, own, len(proposal.tokens), proposal.kind)
             _, gain = self._best(accepted_by_length(rates), len(proposal.tokens))
             key = proposal.seq.key
             gains[key] = max(gain, gains.get(key, 0.0))
         return gains
 
-    def _rates(self, seq: EngineSequence, state: SourceState, own: _Own, k: int) -> list[float]:
-        """This request's acceptance by position for the source, for drafts of up to `k`
-        tokens: its own record, pulled towards the source's (computed once a step)."""
-        key = (seq.key, state.name)
+    def _rates(
+        self, seq: EngineSequence, state: SourceState, own: _Own, k: int, kind: str = ""
+    ) -> list[float]:
+        """This request's acceptance by position for the source's drafts of `kind`, for
+        drafts of up to `k` tokens: its own record, pulled towards the source's (computed
+        once a step). For a kind, both records are the kind's, each pulled towards the
+        source's."""
+        key = (seq.key, state.name, kind)
         known = self._rates_now.get(key)
         if known is None or len(known[1]) < k:
-            general = state.acceptance.rates(max(k, self.draft_max))
+            n = max(k, self.draft_max)
+            general = state.acceptance.rates(n)
+            mine = own.acceptance
+            if kind:
+                counts = state.kinds.get(kind)
+                if counts is not None and counts.reached:
+                    general = counts.rates(n, general, KIND_PRIOR)
+                mine = own.kinds.get(kind) or Acceptance()
             raw = general
-            if own.acceptance.reached:
-                raw = sequence_rates(own.acceptance, general, SEQ_PRIOR)
+            if mine.reached:
+                raw = sequence_rates(mine, general, SEQ_PRIOR)
             known = self._rates_now[key] = (raw, state.calibration.rates(raw))
         return known[1][:k]
 
@@ -585,6 +604,9 @@ class Governor:
         state.acceptance.add(k, accepted)
         own = self._own(seq, state.name)
         own.acceptance.add(k, accepted)
+        if draft.kind:
+            _kind(state.kinds, draft.kind, DECAY).add(k, accepted)
+            _kind(own.kinds, draft.kind, SEQ_DECAY).add(k, accepted)
         if accepted:
             self._hit(own)
         bet = self._bets.pop(seq.key, None)
@@ -597,16 +619,19 @@ class Governor:
         self._score_shadows(seq)
         self._seqs.pop(seq.key, None)
 
-    def _count(self, state: SourceState, own: _Own, position: int, right: bool) -> None:
-        """A shadow draft reached `position`, its token there `right` or not."""
+    def _count(self, state: SourceState, own: _Own, kind: str, position: int, right: bool) -> None:
+        """A shadow draft of `kind` reached `position`, its token there `right` or not."""
+        counts = [state.acceptance, own.acceptance]
+        if kind:
+            counts += [_kind(state.kinds, kind, DECAY), _kind(own.kinds, kind, SEQ_DECAY)]
         if position == 0:
-            state.acceptance.begin()
-            own.acceptance.begin()
+            for acceptance in counts:
+                acceptance.begin()
             state.shadowed += 1
             if right:
                 self._hit(own)
-        state.acceptance.reach(position, right)
-        own.acceptance.reach(position, right)
+        for acceptance in counts:
+            acceptance.reach(position, right)
 
     def _hit(self, own: _Own) -> None:
         """A draft's first token was right: whatever this request showed before, its text
@@ -650,7 +675,9 @@ class Governor:
         if request is None or len(request.shadows) >= SHADOWS_MAX:
             return
         start = len(proposal.seq.output_tokens)
-        request.shadows.append(ShadowDraft(proposal.source, proposal.tokens, start, verified))
+        request.shadows.append(
+            ShadowDraft(proposal.source, proposal.tokens, start, verified, proposal.kind)
+        )
 
     def _score_shadows(self, seq: EngineSequence) -> None:
         request = self._seqs.get(seq.key)
@@ -658,7 +685,7 @@ class Governor:
             return
         for shadow in request.shadows:
             state, own = self.sources[shadow.source], request.sources[shadow.source]
-            shadow.score(seq.output, functools.partial(self._count, state, own))
+            shadow.score(seq.output, functools.partial(self._count, state, own, shadow.kind))
         request.shadows = [shadow for shadow in request.shadows if not shadow.done]
 
     # ---------------------------------------------------------- judging
@@ -775,6 +802,7 @@ class Governor:
                     "k": s.k,
                     "expected_gain": None if s.gain is None else round(s.gain, 3),
                     "calibration": s.calibration.report(),
+                    "kinds": {kind: round(a.pooled, 4) for kind, a in sorted(s.kinds.items())},
                     "propose_ms": round(s.propose_seconds / s.calls * 1000, 3) if s.calls else 0.0,
                     "probes": s.probes,
                     "probe_ms": round(s.probe_seconds * 1000, 3),
@@ -783,6 +811,14 @@ class Governor:
             ],
             "pass_ms": {n: round(t * 1000, 3) for n, t in self.cost.curve().items()},
         }
+
+
+def _kind(kinds: dict[str, Acceptance], kind: str, decay: float) -> Acceptance:
+    """The counts of `kind` in `kinds`, made on first use."""
+    counts = kinds.get(kind)
+    if counts is None:
+        counts = kinds[kind] = Acceptance(decay)
+    return counts
 
 
 def _length(seq: EngineSequence) -> int:

@@ -897,3 +897,67 @@ def test_calibration_judges_each_position_and_each_band_of_estimates_apart() -> 
     assert calibration.rates([0.97] * 8) == pytest.approx([0.97] * 8)  # never above
     assert calibration.rates([0.4, 0.9]) == [0.4, 0.9]  # no bets there: believed
     assert set(calibration.report()) == {"0.85", "0.95"}
+
+
+# ------------------------------------------------------------------ kinds of draft
+
+
+def mixed_source_steps(kinds: bool, steps: int = 300) -> tuple[int, int]:
+    """A source that costs nothing to ask, whose drafts are of two kinds, drawn at random:
+    one always comes true, the other never. Returns the tokens committed over `steps`
+    steps of one request, and the tokens verified of the drafts that never come true, with
+    the kinds told apart or (`kinds` false) not."""
+    governor = scripted_governor()
+    seq = Decoding()
+    wasted = 0
+    draw = np.random.default_rng(7)
+    for _ in range(steps):
+        sure = bool(draw.random() < 0.5)
+        requests = governor.requests([seq], 100_000, 512)
+        asked = governor.ask(SOURCE, requests, [])
+        token = RIGHT if sure else WRONG
+        kind = ("long match" if sure else "short match") if kinds else ""
+        drafts = [DraftProposal(r.seq, SOURCE, (token,) * r.max_tokens, kind=kind) for r in asked]
+        if asked:
+            governor.proposed(SOURCE, 0.0, asked, drafts)
+        chosen = governor.choose([seq], requests, drafts)
+        accepted = verified = 0
+        for draft in chosen.values():
+            verified = len(draft.tokens)
+            accepted = verified if sure else 0
+            governor.record(seq, draft, accepted)
+            wasted += 0 if sure else verified
+        seq.output += [RIGHT] * (accepted + 1)
+        governor.observe_decode([(0, 1 + verified)], pass_seconds(1 + verified))
+    return len(seq.output), wasted
+
+
+def test_a_kind_of_draft_that_comes_true_is_verified_though_its_source_is_a_coin_flip() -> None:
+    apart, wasted_apart = mixed_source_steps(kinds=True)
+    pooled, _ = mixed_source_steps(kinds=False)
+
+    # Pooled, the source is right half the time, which never pays on this host.
+    assert pooled < 1.2 * 300
+    # Told apart, the sure kind is verified at length and the other is not verified.
+    assert apart > 3 * pooled
+    assert wasted_apart < 0.02 * apart
+
+
+def test_a_kind_without_evidence_is_priced_as_its_source() -> None:
+    governor = scripted_governor()
+    seq = Decoding()
+    for _ in range(40):  # the source's drafts of no kind always come true
+        requests = governor.requests([seq], 100_000, 512)
+        drafts = [DraftProposal(r.seq, SOURCE, (RIGHT,) * r.max_tokens) for r in requests]
+        governor.proposed(SOURCE, 0.0, requests, drafts)
+        for draft in governor.choose([seq], requests, drafts).values():
+            governor.record(seq, draft, len(draft.tokens))
+            seq.output += [RIGHT] * len(draft.tokens)
+        seq.output.append(RIGHT)
+    requests = governor.requests([seq], 100_000, 512)
+    plain = DraftProposal(seq, SOURCE, (RIGHT,) * 8)  # type: ignore[arg-type]
+    new_kind = DraftProposal(seq, SOURCE, (RIGHT,) * 8, kind="never seen")  # type: ignore[arg-type]
+
+    assert len(governor.choose([seq], requests, [new_kind])[seq.key].tokens) == len(
+        governor.choose([seq], requests, [plain])[seq.key].tokens
+    )

@@ -15,9 +15,9 @@ Why not a suffix array or automaton: a suffix array answers the same question wi
 binary search whose every comparison is a slice of tokens, at Python speed (measured: 89 µs
 on 1M tokens before counting any continuation, against 25 µs for a whole draft here on
 1M or 4M tokens, and 10 µs for a miss); a suffix automaton in Python costs hundreds of
-bytes per token. The tables cost about 50 bytes a token in all (12 per anchor, plus the
-tokens), build at 0.4 s per million tokens with a few vectorised passes, and answer in
-the same time whatever the archive's size.
+bytes per token. The tables cost about 64 bytes a token in all (12 per anchor, five
+anchors, plus the tokens), build at 0.4 s per million tokens with a few vectorised
+passes, and answer in the same time whatever the archive's size.
 
 The draft: from the matching occurrences, follow the continuation shared by the most of
 them, multiplying each fork's share into the path's probability, and stop where that
@@ -48,13 +48,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 SEPARATOR = np.uint32(0xFFFFFFFF)  # ends each record; no k-gram spans it
-ANCHORS = (24, 8, 3)  # k-gram lengths of the tables, longest first
+ANCHORS = (24, 8, 3, 2, 1)  # k-gram lengths of the tables, longest first
 MAX_MATCH = 64  # tokens compared backwards: longer matches count as this long
 TRUSTED = 16  # a token drafted after a match this long needs no backing
+BACKING_CONTEXT = 3  # tokens before a drafted token whose followers back it (fewer after a
+# shorter match: as many as the match and the tokens drafted since, on the anchors there are)
+# A draft's kind by the length of its match, longest first (`kind_of`).
+KINDS = ((16, "match 16+"), (8, "match 8-15"), (3, "match 3-7"), (2, "match 2"), (0, "match 1"))
 MAX_DRAFT = 64  # tokens a draft may have
 CANDIDATES = 64  # most recent occurrences of a k-gram compared
 _MUL = np.uint64(0x100000001B3)  # FNV-1a's 64-bit prime
@@ -120,9 +125,9 @@ class ArchiveIndex:
 
     def followers(self, gram: Sequence[int]) -> np.ndarray:
         """The tokens that followed the most recent occurrences of `gram`, whose length is
-        the shortest anchor."""
+        one of the anchors."""
         key = suffix_hashes(np.asarray(gram, dtype=np.uint32), len(gram))[-1]
-        followers: np.ndarray = self.tokens[self._recent(len(self._tables) - 1, key)]
+        followers: np.ndarray = self.tokens[self._recent(self.anchors.index(len(gram)), key)]
         return followers
 
     def _recent(self, table: int, key: int) -> np.ndarray:
@@ -143,7 +148,12 @@ class ArchiveIndex:
         return at < len(keys) and int(keys[at]) == key
 
 
-def draft(
+class Drafted(NamedTuple):
+    tokens: tuple[int, ...]
+    match: int  # length of the match behind them (0: none)
+
+
+def lookup(
     tail: np.ndarray,
     indexes: Sequence[ArchiveIndex],
     max_tokens: int,
@@ -151,20 +161,26 @@ def draft(
     factor: float,
     min_share: float,
     min_backing: float = 0.0,
-) -> tuple[int, ...]:
+) -> Drafted:
     """What most often followed the longest match of `tail` across `indexes` (each
-    searched alone, the longest matches pooled), or () if nothing matched; cut where a
-    token drafted after a short match lacks `min_backing` (`backed`)."""
+    searched alone, the longest matches pooled), and that match's length; () if nothing
+    matched. Cut where a token drafted after a short match lacks `min_backing` (`backed`)."""
     matches = [m for index in indexes if (m := index.match(tail)) is not None]
     if not matches:
-        return ()
+        return Drafted((), 0)
     length = max(m.length for m in matches)
     limit = min(max_tokens, MAX_DRAFT, max(1, math.ceil(factor * length)))
     rows = [m.following(limit) for m in matches if m.length == length]
     drafted = continuation(rows[0] if len(rows) == 1 else np.vstack(rows), min_share)
     if min_backing > 0.0 and length < TRUSTED:
         drafted = backed(tail, drafted, indexes, length, min_backing)
-    return drafted
+    return Drafted(drafted, length)
+
+
+def kind_of(match: int) -> str:
+    """The kind of a draft after a match of `match` tokens (`DraftProposal.kind`): how
+    often a draft comes true depends most on how long a match stands behind it."""
+    return next(name for least, name in KINDS if match >= least)
 
 
 def backed(
@@ -176,14 +192,20 @@ def backed(
 ) -> tuple[int, ...]:
     """`drafted` (after a match of `length` tokens) up to the first token drafted after a
     match shorter than `TRUSTED` that fewer than `min_backing` of the occurrences of the
-    tokens just before it (as many as the shortest anchor, the most recent `CANDIDATES`
-    of each index) were followed by."""
-    k = indexes[0].anchors[-1]
-    context = [*tail[len(tail) - k :].tolist(), *drafted]
+    tokens just before it (`BACKING_CONTEXT` of them, or the longest anchor within the
+    match and the tokens drafted since; the most recent `CANDIDATES` of each index) were
+    followed by."""
+    anchors = indexes[0].anchors
+    context = [*tail[max(0, len(tail) - BACKING_CONTEXT) :].tolist(), *drafted]
+    before = len(context) - len(drafted)  # context tokens before drafted[0]
     for j, token in enumerate(drafted):
         if length + j >= TRUSTED:
             break
-        followers = [index.followers(context[j : j + k]) for index in indexes]
+        reach = min(BACKING_CONTEXT, length + j, before + j)
+        k = max((a for a in anchors if a <= reach), default=0)
+        if not k:
+            return drafted[:j]
+        followers = [index.followers(context[before + j - k : before + j]) for index in indexes]
         seen = sum(len(f) for f in followers)
         agree = sum(int(np.count_nonzero(f == token)) for f in followers)
         if agree < min_backing * seen or not seen:
@@ -241,7 +263,7 @@ def _table(tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     for j in range(k):
         h *= _MUL
         h += wide[j : n - k + j]
-    ends = np.arange(k, n, dtype=np.int64)  # h[i] hashes tokens[i : i + k], ending at i + k
+    ends = np.arange(k, n, dtype=np.int32)  # h[i] hashes tokens[i : i + k], ending at i + k
     separators = np.concatenate(([0], np.cumsum(tokens == SEPARATOR)))
     clean = separators[k:n] - separators[: n - k] == 0
     keep = clean & (tokens[k:] != SEPARATOR)

@@ -44,7 +44,7 @@ from reame_core.request import GenerationRequest
 from reame_core.settings import Settings
 from reame_palimpsest import cli
 from reame_palimpsest.answers import AnswerShelf
-from reame_palimpsest.archive_index import ANCHORS, MAX_MATCH, draft
+from reame_palimpsest.archive_index import ANCHORS, MAX_MATCH, kind_of, lookup
 from reame_palimpsest.archivist import Archivist
 from reame_palimpsest.settings import (
     BUDGET_CAP,
@@ -181,7 +181,7 @@ class Palimpsest:
                 continue
             started = time.perf_counter()
             tail = _tail(seq)
-            tokens = draft(
+            drafted = lookup(
                 tail,
                 indexes,
                 request.max_tokens,
@@ -191,9 +191,11 @@ class Palimpsest:
             )
             self.lookup_seconds += time.perf_counter() - started
             self.lookups += 1
-            if tokens:
+            if drafted.tokens:
                 self.drafts += 1
-                proposals.append(DraftProposal(seq, NAME, tokens))
+                proposals.append(
+                    DraftProposal(seq, NAME, drafted.tokens, kind=kind_of(drafted.match))
+                )
         return proposals
 
     @hookimpl

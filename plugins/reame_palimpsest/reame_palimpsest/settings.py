@@ -52,11 +52,15 @@ class PalimpsestSettings(BaseModel):
     memory_tokens: int = Field(
         4_000_000,
         ge=1024,
-        description="Most tokens the in-memory index holds (about 50 bytes each); the "
+        description="Most tokens the in-memory index holds (about 64 bytes each); the "
         "newest records are indexed first.",
     )
     min_match: int = Field(
-        3, ge=1, le=24, description="Shortest match of a sequence's recent tokens that drafts."
+        1,
+        ge=1,
+        le=24,
+        description="Shortest match of a sequence's recent tokens that drafts (each length "
+        "of match is judged apart: a short one drafts where its kind has shown it pays).",
     )
     draft_factor: float = Field(
         1.0, gt=0, le=16, description="A draft may be this many times as long as its match."

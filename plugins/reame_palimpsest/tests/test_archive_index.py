@@ -12,13 +12,15 @@ from hypothesis import strategies as st
 
 from reame_palimpsest.archive_index import (
     ANCHORS,
+    BACKING_CONTEXT,
     CANDIDATES,
     MAX_DRAFT,
     MAX_MATCH,
     TRUSTED,
     ArchiveIndex,
     continuation,
-    draft,
+    kind_of,
+    lookup,
 )
 
 # A small alphabet makes matches, forks and repeats common.
@@ -68,7 +70,7 @@ def reference_draft(
         drafted.append(token)
         paths = [path for path in paths if len(path) > depth and path[depth] == token]
     if min_backing > 0.0:
-        drafted = reference_backed(records, tail, drafted, best, min_backing, min(anchors))
+        drafted = reference_backed(records, tail, drafted, best, min_backing, anchors)
     return tuple(drafted)
 
 
@@ -78,15 +80,21 @@ def reference_backed(
     drafted: list[int],
     length: int,
     min_backing: float,
-    k: int,
+    anchors: Sequence[int],
 ) -> list[int]:
     """`drafted` cut before the first token, drafted after a match shorter than TRUSTED,
-    that too few of the (most recent) occurrences of the k tokens before it preceded."""
-    context = [*tail[-k:], *drafted]
+    that too few of the (most recent) occurrences of the k tokens before it preceded: k
+    the longest anchor within BACKING_CONTEXT, the match and the drafted tokens before."""
+    context = [*tail, *drafted]
     for j, token in enumerate(drafted):
         if length + j >= TRUSTED:
             break
-        gram = context[j : j + k]
+        reach = min(BACKING_CONTEXT, length + j, len(tail) + j)
+        k = max((a for a in anchors if a <= reach), default=0)
+        if not k:
+            return drafted[:j]
+        at = len(tail) + j  # drafted[j]'s place in the context
+        gram = context[at - k : at]
         followers = [
             record[end]
             for record in records
@@ -110,9 +118,9 @@ def index_draft(
 ) -> tuple[int, ...]:
     index = ArchiveIndex([np.array(r, dtype=np.uint32) for r in records], anchors)
     query = np.array(tail, dtype=np.uint32)
-    return draft(
+    return lookup(
         query, [index], max_tokens, factor=factor, min_share=min_share, min_backing=min_backing
-    )
+    ).tokens
 
 
 @settings(max_examples=300, deadline=None)
@@ -133,7 +141,7 @@ def test_lookup_matches_the_brute_force_reference(
     min_backing: float,
 ) -> None:
     shares = {"factor": factor, "min_share": min_share, "min_backing": min_backing}
-    for anchors in ((3,), (8, 3, 1), (24, 8, 3)):
+    for anchors in ((3,), (8, 3, 1), (24, 8, 3), (24, 8, 3, 2, 1)):
         expected = reference_draft(records, tail, max_tokens, anchors=anchors, **shares)
         found = index_draft(records, tail, max_tokens, anchors=anchors, **shares)
         assert found == expected, anchors
@@ -218,7 +226,10 @@ def test_the_longest_match_decides_over_more_frequent_shorter_ones() -> None:
 
 def test_matches_never_cross_records() -> None:
     records = [[1, 2, 3], [4, 5, 6]]
-    assert index_draft(records, [2, 3, 4], 4, factor=4.0, min_share=0.1) == ()
+    assert index_draft(records, [2, 3, 4], 4, factor=4.0, min_share=0.1, anchors=(3, 2)) == ()
+    index = ArchiveIndex([np.array(r, dtype=np.uint32) for r in records])
+    found = lookup(np.array([2, 3, 4], dtype=np.uint32), [index], 4, factor=4.0, min_share=0.1)
+    assert found == ((5, 6), 1)  # the 4 alone: 3, 4 spans two records
     assert index_draft(records, [1, 2, 3], 4, factor=4.0, min_share=0.1) == ()  # nothing after
 
 
@@ -227,8 +238,8 @@ def test_several_indexes_pool_their_longest_matches() -> None:
     old = ArchiveIndex([np.array([*history, 1, 2], dtype=np.uint32)] * 2)
     new = ArchiveIndex([np.array([*history, 3, 4], dtype=np.uint32)] * 3)
     query = np.array(history, dtype=np.uint32)
-    assert draft(query, [old, new], 8, factor=1.0, min_share=0.1) == (3, 4)
-    assert draft(query, [old], 8, factor=1.0, min_share=0.1) == (1, 2)
+    assert lookup(query, [old, new], 8, factor=1.0, min_share=0.1).tokens == (3, 4)
+    assert lookup(query, [old], 8, factor=1.0, min_share=0.1).tokens == (1, 2)
 
 
 def test_continuation_of_identical_rows_is_taken_whole() -> None:
@@ -239,4 +250,35 @@ def test_continuation_of_identical_rows_is_taken_whole() -> None:
 def test_an_empty_index_matches_nothing() -> None:
     index = ArchiveIndex([])
     assert index.n_tokens == 0
-    assert draft(np.array([1, 2, 3], dtype=np.uint32), [index], 8, factor=1, min_share=0.1) == ()
+    empty = lookup(np.array([1, 2, 3], dtype=np.uint32), [index], 8, factor=1, min_share=0.1)
+    assert empty == ((), 0)
+
+
+def test_a_draft_after_a_short_match_is_backed_by_as_many_tokens_as_it_matched() -> None:
+    # One token matches (5); what followed 5 across the archive was 6 three times in four.
+    records = [[5, 6, 7], [5, 6, 8], [5, 6, 9], [5, 4]]
+    assert index_draft(records, [1, 5], 8, factor=1.0, min_share=0.1, anchors=(3, 1)) == (6,)
+    assert (
+        index_draft(records, [1, 5], 8, factor=1.0, min_share=0.1, min_backing=0.8, anchors=(3, 1))
+        == ()
+    )
+    assert index_draft(
+        records, [1, 5], 8, factor=1.0, min_share=0.1, min_backing=0.7, anchors=(3, 1)
+    ) == (6,)
+
+
+def test_a_lookup_says_how_long_a_match_stands_behind_its_draft() -> None:
+    records = [[1, 2, 3, 4, 5, 6, 7, 8]]
+    index = ArchiveIndex([np.array(r, dtype=np.uint32) for r in records], (3, 2, 1))
+    found = lookup(np.array([9, 3, 4], dtype=np.uint32), [index], 8, factor=2.0, min_share=0.1)
+    assert found.tokens == (5, 6, 7, 8) and found.match == 2
+    missed = lookup(np.array([9], dtype=np.uint32), [index], 8, factor=2.0, min_share=0.1)
+    assert missed.tokens == () and missed.match == 0
+
+
+def test_kinds_of_draft_follow_the_length_of_the_match() -> None:
+    kinds = [kind_of(n) for n in (1, 2, 3, 7, 8, 15, 16, 64)]
+    assert kinds == [
+        "match 1", "match 2", "match 3-7", "match 3-7",
+        "match 8-15", "match 8-15", "match 16+", "match 16+",
+    ]  # fmt: skip
