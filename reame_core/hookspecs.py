@@ -219,7 +219,9 @@ def reame_propose_drafts(requests: Sequence[DraftRequest]) -> Iterable[DraftProp
     keeps one. Batch the work across sequences when that is cheaper (a draft model).
     A proposal marked ``certain`` (tokens the sequence's own constraint forces, see
     `DraftProposal`) is taken before any guess for its sequence, and appended without
-    verification unless the request keeps logprobs.
+    verification unless the request keeps logprobs. A source whose drafts come true more
+    or less often in a way it can tell (the archive: by the length of the match behind the
+    draft) says which ``kind`` each is, and each kind is priced on its own record.
     """
 
 

@@ -241,9 +241,10 @@ class Governor:
     ) -> list[DraftRequest]:
         """What to ask `source` this step. All of `requests` if asking costs next to
         nothing (its drafts are then verified where they pay and scored in shadow where
-        they do not). Otherwise the sequences (and draft lengths) for which its draft is
-        expected to pay, its propose time included, better than the `offered` proposals of
-        the sources asked before it; and those for which a probe is due."""
+        they do not). Otherwise the sequences (and draft lengths; all it can draft, for a
+        source cheaper than a step whose drafts have kinds) for which its draft is expected
+        to pay, its propose time included, better than the `offered` proposals of the
+        sources asked before it; and those for which a probe is due."""
         state = self.sources[source]
         base = self._base
         price = self._price(state, base)
@@ -282,9 +283,10 @@ class Governor:
                 k, gain = self._best(accepted_by_length(rates), limit, propose)
                 if k > 0 and gain > max(1.0, rivals.get(seq.key, 1.0)):
                     own.backoff = 0
-                    # A source cheaper than a step drafts all it can: its draft's kind may
-                    # price it longer than the source's record does (`choose` cuts it).
-                    asked.append(DraftRequest(seq, k if dear else limit))
+                    # A source cheaper than a step whose drafts have kinds drafts all it
+                    # can: a draft's kind may price it longer than the source's record
+                    # does (`choose` cuts it).
+                    asked.append(DraftRequest(seq, limit if state.kinds and not dear else k))
                     merit = True
                     continue
             if state.credit < 0.0 or self._step < own.probe_at:
@@ -552,7 +554,8 @@ class Governor:
                 counts = state.kinds.get(kind)
                 if counts is not None and counts.reached:
                     general = counts.rates(n, general, KIND_PRIOR)
-                mine = own.kinds.get(kind) or Acceptance()
+                own_kind = own.kinds.get(kind)
+                mine = own_kind if own_kind is not None else Acceptance()
             raw = general
             if mine.reached:
                 raw = sequence_rates(mine, general, SEQ_PRIOR)

@@ -13,6 +13,7 @@ the host, not the load on the machine running the tests. Engines are stepped by 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 from collections.abc import Callable, Sequence
@@ -961,3 +962,30 @@ def test_a_kind_without_evidence_is_priced_as_its_source() -> None:
     assert len(governor.choose([seq], requests, [new_kind])[seq.key].tokens) == len(
         governor.choose([seq], requests, [plain])[seq.key].tokens
     )
+
+
+def test_a_middling_source_whose_drafts_have_kinds_is_asked_for_all_it_can_draft() -> None:
+    governor, seq = scripted_governor(), Decoding()
+    asked_for: list[int] = []
+    for _ in range(60):  # a source too dear to ask every step for nothing, right 3 deep
+        requests = governor.requests([seq], 100_000, 512)
+        asked = governor.ask(SOURCE, requests, [])
+        drafts = [
+            DraftProposal(r.seq, SOURCE, (*[RIGHT] * 3, *[WRONG] * r.max_tokens)[: r.max_tokens])
+            for r in asked
+        ]
+        drafts = [dataclasses.replace(d, kind="three") for d in drafts]
+        if asked:
+            governor.proposed(SOURCE, PROPOSE_SECONDS, asked, drafts)
+            asked_for.append(asked[0].max_tokens)
+        verified = accepted = 0
+        for draft in governor.choose([seq], requests, drafts).values():
+            verified, accepted = len(draft.tokens), min(3, len(draft.tokens))
+            governor.record(seq, draft, accepted)
+        seq.output += [RIGHT] * (accepted + 1)
+        governor.observe_decode([(0, 1 + verified)], pass_seconds(1 + verified))
+
+    assert governor.sources[SOURCE].kinds["three"].drafts > 10
+    # Its limit every step, though its record says a draft pays to 3 or 4 tokens: the
+    # kind of the draft in hand may say otherwise.
+    assert asked_for[-10:] == [requests[0].max_tokens] * 10

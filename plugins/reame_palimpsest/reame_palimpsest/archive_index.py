@@ -15,9 +15,9 @@ Why not a suffix array or automaton: a suffix array answers the same question wi
 binary search whose every comparison is a slice of tokens, at Python speed (measured: 89 µs
 on 1M tokens before counting any continuation, against 25 µs for a whole draft here on
 1M or 4M tokens, and 10 µs for a miss); a suffix automaton in Python costs hundreds of
-bytes per token. The tables cost about 64 bytes a token in all (12 per anchor, five
-anchors, plus the tokens), build at 0.4 s per million tokens with a few vectorised
-passes, and answer in the same time whatever the archive's size.
+bytes per token. The tables cost 12 bytes a token per anchor (about 64 in all with five
+anchors and the tokens; the timings above were measured with three), build in a few
+vectorised passes, and answer in the same time whatever the archive's size.
 
 The draft: from the matching occurrences, follow the continuation shared by the most of
 them, multiplying each fork's share into the path's probability, and stop where that
@@ -32,8 +32,10 @@ pays on this host.
 A short match is often a single past record that happened to share a few tokens: the
 name of the same colour, the same price, and then that record's own next field. So while
 the match behind a drafted token is shorter than `TRUSTED`, the token must also be what
-followed the same few tokens (the shortest anchor) across the archive at least
-`min_backing` of the time; the draft stops before the first that is not. Measured on
+followed the same few tokens (`BACKING_CONTEXT`, fewer after a shorter match) across the
+archive at least `min_backing` of the time; the draft stops before the first that is not.
+After a match of one or two tokens that check reads the occurrences the draft came from:
+it raises the share its first token needs to `min_backing`. Measured on
 templated product descriptions (benchmarks/palimpsest.py, near repeats), drafts whose first
 token was backed at 0.9 or more came true 86% of the time against 14% below 0.3, on
 Qwen2.5-Coder-1.5B and SmolLM2 alike; matches of 16 tokens or more came true 86-98% of the
@@ -59,7 +61,13 @@ TRUSTED = 16  # a token drafted after a match this long needs no backing
 BACKING_CONTEXT = 3  # tokens before a drafted token whose followers back it (fewer after a
 # shorter match: as many as the match and the tokens drafted since, on the anchors there are)
 # A draft's kind by the length of its match, longest first (`kind_of`).
-KINDS = ((16, "match 16+"), (8, "match 8-15"), (3, "match 3-7"), (2, "match 2"), (0, "match 1"))
+KINDS = (
+    (TRUSTED, f"match {TRUSTED}+"),
+    (8, f"match 8-{TRUSTED - 1}"),
+    (3, "match 3-7"),
+    (2, "match 2"),
+    (1, "match 1"),
+)
 MAX_DRAFT = 64  # tokens a draft may have
 CANDIDATES = 64  # most recent occurrences of a k-gram compared
 _MUL = np.uint64(0x100000001B3)  # FNV-1a's 64-bit prime
@@ -179,8 +187,9 @@ def lookup(
 
 def kind_of(match: int) -> str:
     """The kind of a draft after a match of `match` tokens (`DraftProposal.kind`): how
-    often a draft comes true depends most on how long a match stands behind it."""
-    return next(name for least, name in KINDS if match >= least)
+    often a draft comes true depends most on how long a match stands behind it (at
+    least 1)."""
+    return next(name for least, name in KINDS if max(1, match) >= least)
 
 
 def backed(
@@ -196,12 +205,13 @@ def backed(
     match and the tokens drafted since; the most recent `CANDIDATES` of each index) were
     followed by."""
     anchors = indexes[0].anchors
-    context = [*tail[max(0, len(tail) - BACKING_CONTEXT) :].tolist(), *drafted]
+    most = max(BACKING_CONTEXT, anchors[-1])  # where no anchor is that short: the shortest
+    context = [*tail[max(0, len(tail) - most) :].tolist(), *drafted]
     before = len(context) - len(drafted)  # context tokens before drafted[0]
     for j, token in enumerate(drafted):
         if length + j >= TRUSTED:
             break
-        reach = min(BACKING_CONTEXT, length + j, before + j)
+        reach = min(most, length + j, before + j)
         k = max((a for a in anchors if a <= reach), default=0)
         if not k:
             return drafted[:j]

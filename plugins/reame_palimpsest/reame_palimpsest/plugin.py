@@ -1,8 +1,9 @@
 """The `palimpsest` plugin: a draft source over the archive of finished generations.
 
 On the engine thread: `reame_propose_drafts` looks the sequence's last tokens up in the
-indexes the archive's thread last published (a few µs; nothing while they are not built
-yet), and `reame_generation_finished` queues a finished generation for that thread.
+indexes the archive's thread last published (tens of µs, a few hundred right after a
+decode; nothing while they are not built yet), each draft labelled with the length of its
+match (`kind_of`), and `reame_generation_finished` queues a finished generation for that thread.
 Everything that touches the disk happens there (`Archivist`).
 
 What is recorded: for a candidate that finished "stop" or "length" (never one cut short:

@@ -89,7 +89,7 @@ def reference_backed(
     for j, token in enumerate(drafted):
         if length + j >= TRUSTED:
             break
-        reach = min(BACKING_CONTEXT, length + j, len(tail) + j)
+        reach = min(max(BACKING_CONTEXT, min(anchors)), length + j, len(tail) + j)
         k = max((a for a in anchors if a <= reach), default=0)
         if not k:
             return drafted[:j]
@@ -141,7 +141,7 @@ def test_lookup_matches_the_brute_force_reference(
     min_backing: float,
 ) -> None:
     shares = {"factor": factor, "min_share": min_share, "min_backing": min_backing}
-    for anchors in ((3,), (8, 3, 1), (24, 8, 3), (24, 8, 3, 2, 1)):
+    for anchors in ((3,), (8, 3, 1), (24, 8, 3), (24, 8, 3, 2, 1), (24, 8, 5)):
         expected = reference_draft(records, tail, max_tokens, anchors=anchors, **shares)
         found = index_draft(records, tail, max_tokens, anchors=anchors, **shares)
         assert found == expected, anchors
