@@ -39,8 +39,9 @@ def reference_draft(
     min_share: float,
     min_backing: float = 0.0,
     anchors: Sequence[int] = ANCHORS,
-) -> tuple[int, ...]:
-    """What the index must propose, computed by comparing `tail` with every position."""
+) -> tuple[tuple[int, ...], int]:
+    """What the index must propose, and the length of the match behind it, computed by
+    comparing `tail` with every position."""
     occurrences = []  # (match length, record, position after the match), oldest first
     for r, record in enumerate(records):
         for end in range(len(record)):  # something follows: record[end]
@@ -51,7 +52,7 @@ def reference_draft(
     longest = max((length for length, _, _ in occurrences), default=0)
     anchor = max((k for k in anchors if k <= longest), default=None)
     if anchor is None:
-        return ()
+        return (), 0
     # The index compares only the most recent occurrences of the anchor's k-gram.
     recent = [o for o in occurrences if o[0] >= anchor][-CANDIDATES:]
     best = max(length for length, _, _ in recent)
@@ -71,7 +72,7 @@ def reference_draft(
         paths = [path for path in paths if len(path) > depth and path[depth] == token]
     if min_backing > 0.0:
         drafted = reference_backed(records, tail, drafted, best, min_backing, anchors)
-    return tuple(drafted)
+    return tuple(drafted), best
 
 
 def reference_backed(
@@ -143,7 +144,9 @@ def test_lookup_matches_the_brute_force_reference(
     shares = {"factor": factor, "min_share": min_share, "min_backing": min_backing}
     for anchors in ((3,), (8, 3, 1), (24, 8, 3), (24, 8, 3, 2, 1), (24, 8, 5)):
         expected = reference_draft(records, tail, max_tokens, anchors=anchors, **shares)
-        found = index_draft(records, tail, max_tokens, anchors=anchors, **shares)
+        index = ArchiveIndex([np.array(r, dtype=np.uint32) for r in records], anchors)
+        query = np.array(tail, dtype=np.uint32)
+        found = lookup(query, [index], max_tokens, **shares)
         assert found == expected, anchors
 
 
