@@ -604,12 +604,9 @@ class Governor:
         state.accepted += accepted
         state.drafts += 1
         state.k = k
-        state.acceptance.add(k, accepted)
         own = self._own(seq, state.name)
-        own.acceptance.add(k, accepted)
-        if draft.kind:
-            _kind(state.kinds, draft.kind, DECAY).add(k, accepted)
-            _kind(own.kinds, draft.kind, SEQ_DECAY).add(k, accepted)
+        for acceptance in _counts(state, own, draft.kind):
+            acceptance.add(k, accepted)
         if accepted:
             self._hit(own)
         bet = self._bets.pop(seq.key, None)
@@ -624,9 +621,7 @@ class Governor:
 
     def _count(self, state: SourceState, own: _Own, kind: str, position: int, right: bool) -> None:
         """A shadow draft of `kind` reached `position`, its token there `right` or not."""
-        counts = [state.acceptance, own.acceptance]
-        if kind:
-            counts += [_kind(state.kinds, kind, DECAY), _kind(own.kinds, kind, SEQ_DECAY)]
+        counts = _counts(state, own, kind)
         if position == 0:
             for acceptance in counts:
                 acceptance.begin()
@@ -814,6 +809,15 @@ class Governor:
             ],
             "pass_ms": {n: round(t * 1000, 3) for n, t in self.cost.curve().items()},
         }
+
+
+def _counts(state: SourceState, own: _Own, kind: str) -> list[Acceptance]:
+    """The counts a draft of `kind` from `state`'s source teaches, over all requests and
+    for its own: the source's, and the kind's if it has one (made on first use)."""
+    counts = [state.acceptance, own.acceptance]
+    if kind:
+        counts += [_kind(state.kinds, kind, DECAY), _kind(own.kinds, kind, SEQ_DECAY)]
+    return counts
 
 
 def _kind(kinds: dict[str, Acceptance], kind: str, decay: float) -> Acceptance:

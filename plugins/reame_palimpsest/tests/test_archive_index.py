@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from hypothesis import given, settings
@@ -18,6 +19,7 @@ from reame_palimpsest.archive_index import (
     MAX_MATCH,
     TRUSTED,
     ArchiveIndex,
+    Drafted,
     continuation,
     kind_of,
     lookup,
@@ -107,7 +109,7 @@ def reference_backed(
     return drafted
 
 
-def index_draft(
+def index_lookup(
     records: Sequence[Sequence[int]],
     tail: Sequence[int],
     max_tokens: int,
@@ -116,12 +118,19 @@ def index_draft(
     min_share: float,
     min_backing: float = 0.0,
     anchors: Sequence[int] = ANCHORS,
-) -> tuple[int, ...]:
+) -> Drafted:
     index = ArchiveIndex([np.array(r, dtype=np.uint32) for r in records], anchors)
     query = np.array(tail, dtype=np.uint32)
     return lookup(
         query, [index], max_tokens, factor=factor, min_share=min_share, min_backing=min_backing
-    ).tokens
+    )
+
+
+def index_draft(
+    records: Sequence[Sequence[int]], tail: Sequence[int], max_tokens: int, **options: Any
+) -> tuple[int, ...]:
+    """`index_lookup`'s tokens alone."""
+    return index_lookup(records, tail, max_tokens, **options).tokens
 
 
 @settings(max_examples=300, deadline=None)
@@ -144,9 +153,7 @@ def test_lookup_matches_the_brute_force_reference(
     shares = {"factor": factor, "min_share": min_share, "min_backing": min_backing}
     for anchors in ((3,), (8, 3, 1), (24, 8, 3), (24, 8, 3, 2, 1), (24, 8, 5)):
         expected = reference_draft(records, tail, max_tokens, anchors=anchors, **shares)
-        index = ArchiveIndex([np.array(r, dtype=np.uint32) for r in records], anchors)
-        query = np.array(tail, dtype=np.uint32)
-        found = lookup(query, [index], max_tokens, **shares)
+        found = index_lookup(records, tail, max_tokens, anchors=anchors, **shares)
         assert found == expected, anchors
 
 
@@ -230,8 +237,7 @@ def test_the_longest_match_decides_over_more_frequent_shorter_ones() -> None:
 def test_matches_never_cross_records() -> None:
     records = [[1, 2, 3], [4, 5, 6]]
     assert index_draft(records, [2, 3, 4], 4, factor=4.0, min_share=0.1, anchors=(3, 2)) == ()
-    index = ArchiveIndex([np.array(r, dtype=np.uint32) for r in records])
-    found = lookup(np.array([2, 3, 4], dtype=np.uint32), [index], 4, factor=4.0, min_share=0.1)
+    found = index_lookup(records, [2, 3, 4], 4, factor=4.0, min_share=0.1)
     assert found == ((5, 6), 1)  # the 4 alone: 3, 4 spans two records
     assert index_draft(records, [1, 2, 3], 4, factor=4.0, min_share=0.1) == ()  # nothing after
 
@@ -272,10 +278,9 @@ def test_a_draft_after_a_short_match_is_backed_by_as_many_tokens_as_it_matched()
 
 def test_a_lookup_says_how_long_a_match_stands_behind_its_draft() -> None:
     records = [[1, 2, 3, 4, 5, 6, 7, 8]]
-    index = ArchiveIndex([np.array(r, dtype=np.uint32) for r in records], (3, 2, 1))
-    found = lookup(np.array([9, 3, 4], dtype=np.uint32), [index], 8, factor=2.0, min_share=0.1)
+    found = index_lookup(records, [9, 3, 4], 8, factor=2.0, min_share=0.1, anchors=(3, 2, 1))
     assert found.tokens == (5, 6, 7, 8) and found.match == 2
-    missed = lookup(np.array([9], dtype=np.uint32), [index], 8, factor=2.0, min_share=0.1)
+    missed = index_lookup(records, [9], 8, factor=2.0, min_share=0.1, anchors=(3, 2, 1))
     assert missed.tokens == () and missed.match == 0
 
 
