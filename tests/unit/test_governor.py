@@ -903,12 +903,14 @@ def test_calibration_judges_each_position_and_each_band_of_estimates_apart() -> 
 # ------------------------------------------------------------------ kinds of draft
 
 
-def mixed_source_steps(kinds: bool, steps: int = 300) -> tuple[int, int]:
+def mixed_source_steps(
+    kinds: bool, steps: int = 300, governor: Governor | None = None
+) -> tuple[int, int]:
     """A source that costs nothing to ask, whose drafts are of two kinds, drawn at random:
     one always comes true, the other never. Returns the tokens committed over `steps`
     steps of one request, and the tokens verified of the drafts that never come true, with
     the kinds told apart or (`kinds` false) not."""
-    governor = scripted_governor()
+    governor = governor or scripted_governor()
     seq = Decoding()
     wasted = 0
     draw = np.random.default_rng(7)
@@ -942,6 +944,21 @@ def test_a_kind_of_draft_that_comes_true_is_verified_though_its_source_is_a_coin
     # Told apart, the sure kind is verified at length and the other is not verified.
     assert apart > 3 * pooled
     assert wasted_apart < 0.02 * apart
+
+
+def test_a_draft_with_a_kind_is_calibrated_against_what_its_kind_was_estimated_at() -> None:
+    governor = scripted_governor()
+    mixed_source_steps(kinds=True, governor=governor)
+    calibration = governor.sources[SOURCE].calibration
+
+    # Only the sure kind was bet on, each bet at that kind's rate (high once its first
+    # drafts came true), never at the source's coin flip (the bands below 0.7); what the
+    # bets promised came true, so such estimates are believed.
+    report = calibration.report()
+    assert "0.95" in report
+    assert set(report) <= {"0.7", "0.85", "0.95"}
+    assert set(report.values()) == {1.0}
+    assert calibration.rates([0.99] * 8) == pytest.approx([0.99] * 8)
 
 
 def test_a_kind_without_evidence_is_priced_as_its_source() -> None:
