@@ -60,8 +60,8 @@ def pass_seconds(
     seconds: dict[tuple[int, str], list[float]] = {}
     for _ in range(reps):
         # Largest first: the one-token pass, the price of every other, is timed furthest
-        # from the passes large enough for AMX tiles, after which the cores run slower
-        # for a while.
+        # from the passes large enough for AMX tiles (timed right after them, it measured
+        # slower on an Intel Xeon with AMX).
         for n in sorted(sizes, reverse=True):
             for rows in ("all", "last"):
                 batch = Batch()
