@@ -5,13 +5,13 @@ Verifying a draft of k tokens is one pass of k + 1 tokens; it pays only if that 
 less than the k + 1 one-token passes it replaces, times the share of the draft accepted. The
 model is loaded as `reame serve` loads it on this host (the host plan's attention and KV
 types, one KV stream per sequence), a 300-token prompt is computed, then passes of n
-tokens are appended after it and taken back, alternating sizes, with logits for every row
-(as verification asks) and for the last row only. Medians over the repetitions. Each
-shape's `TIMED` timed passes follow `WARM` untimed ones: llama.cpp then reuses that
-shape's compute graph, as the engine's decodes mostly do (scripts/patches/
-llama-graph-cache.patch keeps a few graphs), where a pass of a shape not seen lately pays
-for building and allocating its graph too (on SmolLM2, a one-token pass cost 5.7 ms that
-way against 3.0-3.7 ms in the engine).
+tokens are appended after it and taken back, with logits for every row (as verification
+asks) and for the last row only: each shape `WARM` + `TIMED` times in a row, sizes largest
+first, in every repetition; medians over the repetitions' timed passes. The untimed ones
+come first so that llama.cpp reuses that shape's compute graph, as the engine's decodes
+mostly do (scripts/patches/llama-graph-cache.patch keeps a few graphs), where a pass of a
+shape not seen lately pays for building and allocating its graph too (on SmolLM2, a
+one-token pass cost 5.7 ms that way against 3.0-3.7 ms in the engine).
 
 With --compare-amx-tiles (a CPU with AMX): the same in fresh processes, alternating, with
 Reame's setting of the AMX row kernels (`AMX_ROWS_ENV`, scripts/patches/ggml-amx-row-kernels.patch)
@@ -60,8 +60,7 @@ def pass_seconds(
     seconds: dict[tuple[int, str], list[float]] = {}
     for _ in range(reps):
         # Largest first: the one-token pass, the price of every other, is timed furthest
-        # from the passes large enough for AMX tiles (timed right after them, it measured
-        # slower on an Intel Xeon with AMX).
+        # from the passes large enough for AMX tiles.
         for n in sorted(sizes, reverse=True):
             for rows in ("all", "last"):
                 batch = Batch()

@@ -909,8 +909,8 @@ def mixed_source_steps(
     """A source that costs nothing to ask, whose drafts are of two kinds, drawn at random:
     one always comes true, the other never. Returns the tokens committed over `steps`
     steps of one request, and the tokens verified of the drafts that never come true, with
-    the kinds told apart or (`kinds` false) not."""
-    governor = governor or scripted_governor()
+    the kinds told apart or (`kinds` false) not; on `governor` if given."""
+    governor = scripted_governor() if governor is None else governor
     seq = Decoding()
     wasted = 0
     draw = np.random.default_rng(7)
@@ -951,9 +951,9 @@ def test_a_draft_with_a_kind_is_calibrated_against_what_its_kind_was_estimated_a
     mixed_source_steps(kinds=True, governor=governor)
     calibration = governor.sources[SOURCE].calibration
 
-    # Only the sure kind was bet on, each bet at that kind's rate (high once its first
-    # drafts came true), never at the source's coin flip (the bands below 0.7); what the
-    # bets promised came true, so such estimates are believed.
+    # Bets were placed at the rates of their draft's kind: high once the sure kind's first
+    # drafts came true, never in the bands of the source's coin flip (below 0.7); what
+    # they promised came true, so such estimates are believed.
     report = calibration.report()
     assert "0.95" in report
     assert set(report) <= {"0.7", "0.85", "0.95"}
