@@ -486,6 +486,9 @@ def main() -> None:
             mine = "second"
         else:
             row["with_vs_without"] = round(median_ratio(rates["with"], rates["without"]), 3)
+            row["with_vs_without_by_rep"] = [
+                round(w / o, 3) for w, o in zip(rates["with"], rates["without"], strict=True)
+            ]
             ceilings = [ceiling_with_foresight(r["with"].pop("foresight"), pass_ms) for r in runs]
             row["ceiling_with_foresight"] = round(statistics.median(ceilings), 3)
             row["ceiling_with_foresight_by_rep"] = [round(c, 3) for c in ceilings]
