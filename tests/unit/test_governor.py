@@ -13,7 +13,6 @@ the host, not the load on the machine running the tests. Engines are stepped by 
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import threading
 from collections.abc import Callable, Sequence
@@ -988,10 +987,11 @@ def test_a_middling_source_whose_drafts_have_kinds_is_asked_for_all_it_can_draft
         requests = governor.requests([seq], 100_000, 512)
         asked = governor.ask(SOURCE, requests, [])
         drafts = [
-            DraftProposal(r.seq, SOURCE, (*[RIGHT] * 3, *[WRONG] * r.max_tokens)[: r.max_tokens])
+            DraftProposal(
+                r.seq, SOURCE, (*[RIGHT] * 3, *[WRONG] * r.max_tokens)[: r.max_tokens], kind="three"
+            )
             for r in asked
         ]
-        drafts = [dataclasses.replace(d, kind="three") for d in drafts]
         if asked:
             governor.proposed(SOURCE, PROPOSE_SECONDS, asked, drafts)
             asked_for.append(asked[0].max_tokens)
