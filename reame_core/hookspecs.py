@@ -24,7 +24,8 @@ The groups follow a run from its plan, then a request through the engine:
     lifecycle   reame_configure, reame_request_extensions, reame_check_request,
                 reame_sequence_started, reame_generation_finished, reame_shutdown
     memory      reame_remember_answer, reame_recall_answer
-    prefill     reame_prefix_lookup, reame_prefix_store_points, reame_prefix_store
+    prefill     reame_prefix_lookup, reame_prefix_store_points, reame_prefix_store,
+                reame_prefix_computing, reame_prefix_pending
     drafting    reame_propose_drafts, reame_draft_cost
     verifying   reame_constrain_logits, reame_forced_end, reame_verify_drafts
     accounting  reame_drafts_verified, reame_tokens_committed
@@ -204,6 +205,36 @@ def reame_prefix_store(tokens: Sequence[int], state: bytes, model: ModelInfo) ->
     """A sequence's KV holds exactly `tokens`, computed as prompt chunks; `state` is its
     serialized state, the plugin's own copy. Compressing and writing it belongs on the
     plugin's own thread."""
+
+
+@hookspec
+def reame_prefix_computing(tokens: Sequence[int], points: Sequence[int], model: ModelInfo) -> None:
+    """The engine is computing the prompt `tokens` and means to store its prefixes of the
+    lengths `points` (each through ``reame_prefix_store``, in that order) as soon as they
+    are computed. Called when a request starts with store points, again with the points
+    it still means to store whenever it drops one without storing it, and with none once
+    it will store no more of them (the request ended first). A stored point needs no
+    call: storing it ends the promise.
+
+    A plugin that other processes share (a cache directory on a common disk) tells them,
+    so that a request there behind the same prefix waits for the state
+    (``reame_prefix_pending``) instead of computing it a second time.
+    """
+
+
+@hookspec(firstresult=True)
+def reame_prefix_pending(tokens: Sequence[int], have: int, model: ModelInfo) -> int | None:
+    """How many leading tokens of the prompt `tokens`, more than the `have` already
+    available, another process is computing and has promised to store (its
+    ``reame_prefix_computing``, never this process's own): a length whose tokens are all a
+    prefix of `tokens` and at most ``len(tokens) - 2``. None when nothing longer is promised.
+
+    On an answer the engine holds the request in its slot without computing its prompt,
+    asks again every step, and once the answer is None (stored, withdrawn or lapsed)
+    restores what ``reame_prefix_lookup`` offers and computes the rest. It computes the
+    prefix itself once it has waited about as long as computing it would take. Asked on
+    the engine thread, every step, for every waiting request: answer from an index.
+    """
 
 
 # ----------------------------------------------------------------- drafting

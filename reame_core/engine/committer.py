@@ -144,6 +144,7 @@ class Committer:
         self.slots.appended(seq.slot, item.tokens, chunk=prefill)
         if prefill:
             self.stats.prefill_tokens += len(item.tokens)
+            self.stats.prefill_seconds += elapsed
             if seq.prompt_remaining > 0:
                 self.scheduler.store_prefix(seq)
                 return

@@ -4,11 +4,14 @@ It owns the waiting queue and the requests in flight. It admits a waiting reques
 free slots when they suffice, reusing the longest prefix resident in a slot and then a
 longer stored one (hook `reame_prefix_lookup`); a prompt whose beginning another slot is
 computing right now waits for those chunks and copies them (`Phase.AWAITING_PREFIX`), so
-requests arriving together behind one system prompt compute it once. It learns where the
-prompt's prefixes are worth storing (`reame_prefix_store_points`; a chunk ends there and
-its state goes to `reame_prefix_store`). Each step it plans the decodes: one batch with
-every decoding sequence's next token plus the drafts the governor chose among those the
-sources offered (`reame_propose_drafts`), and one batch per prompt chunk.
+requests arriving together behind one system prompt compute it once; one whose beginning
+another process is computing and has promised to store waits for the stored state
+(`reame_prefix_pending`, `Phase.AWAITING_STORE`). It learns where the prompt's prefixes
+are worth storing (`reame_prefix_store_points`; a chunk ends there and its state goes to
+`reame_prefix_store`), and says so (`reame_prefix_computing`). Each step it plans the
+decodes: one batch with every decoding sequence's next token plus the drafts the governor
+chose among those the sources offered (`reame_propose_drafts`), and one batch per prompt
+chunk.
 
 It decides what runs and never runs it: the runner decodes the batches, the committer
 turns their rows into tokens.
@@ -38,6 +41,9 @@ from reame_core.hooktypes import DraftProposal, DraftRequest, ModelInfo
 log = structlog.get_logger(__name__)
 
 FILLER_TOKEN = 0  # what a gap filler feeds: any token does, its row is thrown away
+# Prompt tokens a second the engine assumes it computes before it has computed any: how
+# long it waits at most for a prefix another process promised (`Phase.AWAITING_STORE`).
+ASSUMED_PREFILL_RATE = 200.0
 
 
 @dataclass
@@ -162,6 +168,7 @@ class Scheduler:
     def drop(self, group: RequestGroup) -> None:
         """The request has ended (finished, failed or cancelled): it no longer runs."""
         self.running.remove(group)
+        self._withdraw(group)
 
     def take_cancelled_waiting(self) -> list[RequestGroup]:
         cancelled = [g for g in self.waiting if g.cancelled]
@@ -183,6 +190,7 @@ class Scheduler:
             active += group.running
         for group in done:
             self.running.remove(group)
+            self._withdraw(group)
         self.stats.active_sequences = active
         self.stats.waiting_requests = len(self.waiting)
         return done
@@ -220,21 +228,25 @@ class Scheduler:
         else:
             self.slots.copy(match.slot, slot, match.length)
         self.slots.restore_spilled(slot, session, prompt, limit)
-        reused = len(slot.tokens)
-        restored = self._restore_prefix(slot, prompt, reused, limit)
         group.usage.prompt_tokens = len(prompt)
-        group.usage.cached_tokens = len(slot.tokens)
-        group.usage.restored_tokens = len(slot.tokens) if restored else 0
         self.stats.prompt_tokens += len(prompt)
-        self.stats.reused_tokens += 0 if restored else reused
-        self.stats.restored_tokens += len(slot.tokens) if restored else 0
+        self.stats.reused_tokens += len(slot.tokens)
+        self._restore_prefix(group, slot, limit)
         have = len(slot.tokens)
+        first = group.sequences[0]
         in_flight = self._prefix_in_flight(group, prompt, limit, have)
+        promised = None
+        if in_flight is None:
+            promised = self.hook.reame_prefix_pending(tokens=prompt, have=have, model=self.info)
         if in_flight is not None:
-            first = group.sequences[0]
             first.leader, first.leader_prefix = in_flight
             first.phase = Phase.AWAITING_PREFIX
             have = first.leader_prefix
+        elif promised is not None and have < promised <= limit:
+            first.phase = Phase.AWAITING_STORE
+            first.store_due = time.perf_counter() + self._prefill_seconds(promised - have)
+            self.stats.store_waits += 1
+            have = promised
         # On the grid: a stored prefix is restored and reused like a resident one.
         group.store_points = sorted(
             {
@@ -246,7 +258,31 @@ class Scheduler:
                 if have < self.slots.reusable(point) < len(prompt)
             }
         )
+        if group.store_points:
+            self._announce(group)
         group.prefill_started = time.perf_counter()
+
+    def _announce(self, group: RequestGroup) -> None:
+        """Tell the plugins which of the prompt's prefixes this request still means to store."""
+        self.hook.reame_prefix_computing(
+            tokens=group.request.prompt_tokens, points=tuple(group.store_points), model=self.info
+        )
+        group.promised = bool(group.store_points)
+
+    def _withdraw(self, group: RequestGroup) -> None:
+        """The request has ended with prefixes it said it would store unstored."""
+        if group.promised and group.store_points:
+            group.store_points = []
+            self._announce(group)
+
+    def _prefill_seconds(self, tokens: int) -> float:
+        """About how long this engine takes to compute `tokens` prompt tokens, at the rate
+        its prompt chunks have run so far."""
+        stats = self.stats
+        rate = ASSUMED_PREFILL_RATE
+        if stats.prefill_seconds > 0 and stats.prefill_tokens > 0:
+            rate = stats.prefill_tokens / stats.prefill_seconds
+        return tokens / rate
 
     def _prefix_in_flight(
         self, group: RequestGroup, prompt: Seq[int], limit: int, have: int
@@ -288,7 +324,41 @@ class Scheduler:
         seq.leader = None
         seq.phase = Phase.PREFILL
 
-    def _restore_prefix(self, slot: Slot, prompt: Seq[int], reused: int, limit: int) -> bool:
+    def _await_store(self, seq: Candidate) -> None:
+        """A candidate waiting for a prefix another process is computing: while that is
+        still promised, and for no longer than computing it here would take, it waits;
+        then it restores what is stored (all of it, or whatever there is if the other
+        process did not store it) and computes the rest of its prompt itself."""
+        group, prompt = seq.group, seq.prompt_tokens
+        now = time.perf_counter()
+        if now < seq.store_due:
+            promised = self.hook.reame_prefix_pending(tokens=prompt, have=seq.n_kv, model=self.info)
+            if promised is not None:
+                return
+        self.stats.store_wait_seconds += now - group.prefill_started
+        self._restore_prefix(group, seq.slot, max(0, len(prompt) - 2))
+        have = seq.n_kv
+        if group.store_points and group.store_points[0] <= have:
+            group.store_points = [point for point in group.store_points if point > have]
+            self._announce(group)
+        seq.phase = Phase.PREFILL
+
+    def _restore_prefix(self, group: RequestGroup, slot: Slot, limit: int) -> bool:
+        """Restore the longest stored prefix of the request's prompt the plugins offer
+        beyond what `slot` holds, and count it in the request's usage."""
+        prompt = group.request.prompt_tokens
+        reused = len(slot.tokens)
+        restored = self._restore_offered(slot, prompt, reused, limit)
+        usage = group.usage
+        if restored:
+            # The state replaced the slot's: the tokens it held count as restored now.
+            self.stats.reused_tokens -= reused
+            self.stats.restored_tokens += len(slot.tokens)
+            usage.restored_tokens = len(slot.tokens)
+        usage.cached_tokens = len(slot.tokens)
+        return restored
+
+    def _restore_offered(self, slot: Slot, prompt: Seq[int], reused: int, limit: int) -> bool:
         hit = self.hook.reame_prefix_lookup(tokens=prompt, reused=reused, model=self.info)
         if hit is None or hit.n_tokens <= reused or hit.n_tokens > len(prompt):
             return False
@@ -326,6 +396,9 @@ class Scheduler:
                 phase = seq.phase
                 if phase is Phase.AWAITING_PREFIX:
                     self._join_leader(seq)
+                    phase = seq.phase
+                elif phase is Phase.AWAITING_STORE:
+                    self._await_store(seq)
                     phase = seq.phase
                 if phase is Phase.DECODING:
                     decoding.append(seq)
@@ -450,8 +523,12 @@ class Scheduler:
         start, stop = seq.n_kv, len(seq.prompt_tokens)
         end = self.slots.chunk_end(start, stop, budget, self.info.n_batch)
         points = seq.group.store_points
+        dropped = False
         while points and points[0] - start < 2:
             points.pop(0)  # too close to snapshot there without a one-token chunk
+            dropped = True
+        if dropped and seq.group.promised:
+            self._announce(seq.group)
         if points and points[0] < end:
             end = points[0]
         return end - start

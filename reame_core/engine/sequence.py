@@ -39,6 +39,9 @@ class Phase(enum.Enum):
     # A prompt whose beginning another request's prompt, being computed in another slot,
     # shares: it waits for those chunks and copies them rather than computing them twice.
     AWAITING_PREFIX = "awaiting_prefix"
+    # A prompt whose beginning another process is computing and has promised to store
+    # (`reame_prefix_pending`): it waits for the stored state and restores it.
+    AWAITING_STORE = "awaiting_store"
     PREFILL = "prefill"
     DECODING = "decoding"
     FINISHED = "finished"
@@ -68,6 +71,8 @@ class Candidate:
         # In AWAITING_PREFIX: the candidate computing the shared beginning, and its length.
         self.leader: Candidate | None = None
         self.leader_prefix = 0
+        # In AWAITING_STORE: when it stops waiting and computes the prefix itself.
+        self.store_due = 0.0
 
     # --------------------------------------------------------- SequenceView
 
@@ -146,6 +151,7 @@ class RequestGroup:
     sequences: list[Candidate] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
     store_points: list[int] = field(default_factory=list)
+    promised: bool = False  # store points announced to the plugins (`reame_prefix_computing`)
     prefill_started: float = 0.0
     prefill_done: float = 0.0
     cancelled: bool = False

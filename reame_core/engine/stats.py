@@ -2,10 +2,11 @@
 
 Only the engine thread writes them, each counter in the part that does what it counts:
 the engine takes requests in (submitted), the scheduler admits and plans them (prompt,
-reused and restored tokens; active sequences, waiting requests), the runner decodes
-(steps, seconds, batch tokens, filler rows, errors) and the committer turns rows into
-tokens (prefill and generated tokens, finished requests) or answers from a plugin's memory
-(recalled requests). Other threads only read them.
+reused and restored tokens; active sequences, waiting requests; waits for prefixes other
+processes promised), the runner decodes (steps, seconds, batch tokens, filler rows,
+errors) and the committer turns rows into tokens (prefill tokens and their seconds,
+generated tokens, finished requests) or answers from a plugin's memory (recalled
+requests). Other threads only read them.
 """
 
 from __future__ import annotations
@@ -30,3 +31,6 @@ class EngineStats:
     active_sequences: int = 0
     waiting_requests: int = 0
     decode_errors: int = 0
+    prefill_seconds: float = 0.0  # decode calls computing prompt chunks
+    store_waits: int = 0  # requests that waited for a prefix another process was computing
+    store_wait_seconds: float = 0.0

@@ -80,6 +80,16 @@ class EngineCollector(Collector):
             stats.filler_rows,
         )
         yield _counter("reame_decode_seconds", "Time spent in decode", stats.decode_seconds)
+        yield _counter(
+            "reame_prefix_waits",
+            "Requests that waited for a prefix another process was computing, not computing it",
+            stats.store_waits,
+        )
+        yield _counter(
+            "reame_prefix_wait_seconds",
+            "Time requests spent waiting for a prefix another process was computing",
+            stats.store_wait_seconds,
+        )
         yield _counter("reame_decode_errors", "Decode steps that failed", stats.decode_errors)
         yield _gauge("reame_queue_depth", "Requests waiting for a slot", stats.waiting_requests)
         yield _gauge(

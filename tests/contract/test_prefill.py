@@ -1,14 +1,20 @@
 """The prefill hooks' contract: snapshots taken where a plugin asks are restored by another
-engine instead of being computed, and the output does not change."""
+engine instead of being computed, and the output does not change; an engine behind a
+prefix another is computing and has promised waits for it rather than computing it too."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
+import pytest
 from installed_plugins import InstalledPlugins
 
+from reame_core.backend.fake import FakeBackend
 from reame_core.engine.engine import Engine
-from reame_core.request import GenerationRequest, SamplingParams
+from reame_core.engine.scheduler import ASSUMED_PREFILL_RATE
+from reame_core.plugins import PluginHost
+from reame_core.request import Event, FinishEvent, GenerationRequest, SamplingParams
 
 MakeEngine = Callable[..., Engine]
 PROMPT = [1, *b"A system prompt, then a question about it?"]
@@ -28,3 +34,111 @@ def test_snapshot_stored_at_the_plugins_point_is_restored_by_another_engine(
     assert first.usage.restored_tokens == 0
     assert second.usage.restored_tokens == len(PROMPT) // 2
     assert second.candidates[0].tokens == first.candidates[0].tokens
+
+
+# ----------------------------------------------------------------- promises
+
+LONG_PROMPT = [1, *b"A long system prompt that two engines are given at once, then a question?"]
+PARAMS = SamplingParams(max_tokens=6)
+
+
+class Stepped:
+    """Engines driven step by step by the test, sharing one plugin host as processes share
+    a store; prompt chunks of 8 tokens, so a prompt takes several steps and a promise is
+    seen live."""
+
+    def __init__(self, plugins: PluginHost) -> None:
+        self.plugins = plugins
+        self.engines: list[Engine] = []
+
+    def engine(self) -> Engine:
+        engine = Engine(FakeBackend(), self.plugins, prefill_chunk=8, speculate="off")
+        self.engines.append(engine)
+        return engine
+
+    def until_finished(self, *heard: list[Event]) -> list[FinishEvent]:
+        """Step every engine until each list has heard its request finish."""
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            finished = [next((e for e in h if isinstance(e, FinishEvent)), None) for h in heard]
+            if all(finished):
+                return finished  # type: ignore[return-value]
+            for engine in self.engines:
+                engine.step()
+        raise AssertionError("the requests did not finish")
+
+
+@pytest.fixture
+def stepped(install_plugins: InstalledPlugins) -> Iterator[Stepped]:
+    engines = Stepped(install_plugins("prefix_promises"))
+    yield engines
+    for engine in engines.engines:
+        engine.stop()
+
+
+def test_an_engine_waits_for_the_prefix_another_promised_and_restores_it(
+    stepped: Stepped, install_plugins: InstalledPlugins
+) -> None:
+    store = install_plugins.module("prefix_promises")
+    first, second = stepped.engine(), stepped.engine()
+    point = len(LONG_PROMPT) // 2
+    heard: list[Event] = []
+    waited: list[Event] = []
+
+    first.submit(GenerationRequest(LONG_PROMPT, PARAMS), heard.append)
+    first.step()  # the first chunk: the prefix is promised, not stored yet
+    assert store.promised == {tuple(LONG_PROMPT[:point])}
+    second.submit(GenerationRequest(LONG_PROMPT, PARAMS), waited.append)
+    for _ in range(3):
+        second.step()
+    assert second.stats.prefill_tokens == 0  # it waits
+    alone, restored = stepped.until_finished(heard, waited)
+
+    assert restored.usage.restored_tokens == point
+    assert second.stats.prefill_tokens == len(LONG_PROMPT) - point
+    assert second.stats.store_waits == 1
+    assert restored.candidates[0].tokens == alone.candidates[0].tokens
+    assert store.promised == set()
+    assert store.computing[0] == (point,)
+
+
+def test_a_promise_withdrawn_or_never_kept_costs_the_wait_and_nothing_else(
+    stepped: Stepped, install_plugins: InstalledPlugins
+) -> None:
+    store = install_plugins.module("prefix_promises")
+    first, second = stepped.engine(), stepped.engine()
+    waited: list[Event] = []
+
+    ticket = first.submit(GenerationRequest(LONG_PROMPT, PARAMS), lambda event: None)
+    first.step()
+    second.submit(GenerationRequest(LONG_PROMPT, PARAMS), waited.append)
+    second.step()
+    ticket.cancel()  # the first ends before it stores: it withdraws its promise
+    first.step()
+    assert store.computing[-1] == ()  # withdrawn
+    (alone,) = stepped.until_finished(waited)
+
+    assert alone.usage.restored_tokens == 0
+    assert second.stats.prefill_tokens == len(LONG_PROMPT)
+    assert alone.candidates[0].tokens
+    assert store.stored == {}
+
+
+def test_a_promise_that_lapses_is_waited_for_about_as_long_as_computing_would_take(
+    stepped: Stepped, install_plugins: InstalledPlugins
+) -> None:
+    store = install_plugins.module("prefix_promises")
+    store.promised.add(tuple(LONG_PROMPT[:30]))  # promised by a process that never stores it
+    engine = stepped.engine()
+    heard: list[Event] = []
+
+    engine.submit(GenerationRequest(LONG_PROMPT, SamplingParams(max_tokens=4)), heard.append)
+    engine.step()
+    assert engine.stats.prefill_tokens == 0
+    (alone,) = stepped.until_finished(heard)
+
+    # Its rate unknown yet, the engine waits for 30 tokens as long as 30 take at the rate
+    # it assumes.
+    assert engine.stats.store_wait_seconds >= 30 / ASSUMED_PREFILL_RATE * 0.9
+    assert alone.usage.restored_tokens == 0
+    assert engine.stats.prefill_tokens == len(LONG_PROMPT)

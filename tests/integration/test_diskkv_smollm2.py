@@ -1,10 +1,14 @@
 """The disk prefix cache on the real SmolLM2-135M, deterministic configuration: a prefix
 restored from disk gives the tokens of a cold prefill, bit for bit — whole, cut back to a
-shorter shared prefix, a conversation through its last message, and in a second server
-process started after the first wrote it."""
+shorter shared prefix, a conversation through its last message, in a second server
+process started after the first wrote it, and in a second server that waited for the
+prefix while the first was computing it."""
 
 from __future__ import annotations
 
+import sqlite3
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -175,10 +179,10 @@ def cached_server(cache_dir: Path) -> AbstractContextManager[str]:
     )  # fmt: skip
 
 
-def ask(url: str, question: str) -> dict[str, Any]:
+def ask(url: str, question: str, system: str = SYSTEM) -> dict[str, Any]:
     body = {
         "messages": [
-            {"role": "system", "content": SYSTEM},
+            {"role": "system", "content": system},
             {"role": "user", "content": question},
         ],
         "max_tokens": 24,
@@ -201,3 +205,52 @@ def test_second_server_process_restores_what_the_first_wrote(tmp_path: Path) -> 
     assert second["timings"]["restored_n"] > 200
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 200
     assert second["choices"][0]["message"] == first["choices"][0]["message"]
+
+
+def metric(url: str, name: str) -> float:
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def promises_in(cache_dir: Path) -> int:
+    index = cache_dir / "v1" / "index.sqlite"
+    if not index.exists():
+        return 0
+    db = sqlite3.connect(f"file:{index}?mode=ro", uri=True, timeout=5)
+    try:
+        return int(db.execute("SELECT COUNT(*) FROM promises").fetchone()[0])
+    except sqlite3.OperationalError:  # the table not made yet
+        return 0
+    finally:
+        db.close()
+
+
+@pytest.mark.timeout(300)
+def test_a_server_behind_a_prefix_another_is_computing_waits_and_restores_it(
+    tmp_path: Path,
+) -> None:
+    # A system prompt of about 1,500 tokens: seconds of prefill on one thread each.
+    system = f"{SYSTEM}\n{DOCUMENT}\n{DOCUMENT}"
+    flags = (
+        "--parallel", "2", "--ctx", "2048", "--threads", "1", "--kv-cache-dir", str(tmp_path),
+        "--speculate", "off",
+    )  # fmt: skip
+    answers: dict[str, dict[str, Any]] = {}
+    with reame_serve(*flags) as first, reame_serve(*flags) as second:
+        computing = threading.Thread(
+            target=lambda: answers.update(first=ask(first, QUESTIONS[0], system))
+        )
+        computing.start()
+        deadline = time.monotonic() + 60
+        while not promises_in(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        answers["second"] = ask(second, QUESTIONS[0], system)
+        computing.join()
+        waits = metric(second, "reame_prefix_waits_total")
+
+    assert answers["first"]["timings"]["restored_n"] == 0
+    assert waits == 1
+    assert answers["second"]["timings"]["restored_n"] > 1000
+    assert answers["second"]["choices"][0]["message"] == answers["first"]["choices"][0]["message"]

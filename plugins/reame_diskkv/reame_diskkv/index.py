@@ -13,6 +13,11 @@ if a prompt's i-th block hash is indexed so are all before it: a binary search o
 prompt's block hashes finds the deepest shared block in a few point queries, whatever
 the number of entries. The exact shared length is then counted on the candidates' tokens.
 
+Promises: a process computing a prefix it means to store says so (a row of `promises`,
+named by the entry's key, with who promised it and until when), so that others behind
+the same prefix wait for the entry instead of computing it too. Few are live at a time
+(one per prompt being computed), so finding one compares each live row's tokens.
+
 Each `PrefixIndex` holds one sqlite connection, used by one thread at a time.
 """
 
@@ -52,7 +57,15 @@ _SCHEMA = (
         PRIMARY KEY (hash, key)
     ) WITHOUT ROWID""",
     "CREATE INDEX IF NOT EXISTS blocks_by_key ON blocks (key)",
+    """CREATE TABLE IF NOT EXISTS promises (
+        key TEXT PRIMARY KEY,
+        fingerprint TEXT NOT NULL,
+        tokens BLOB NOT NULL,
+        owner TEXT NOT NULL,
+        until REAL NOT NULL
+    )""",
 )
+_TABLES = ("entries", "blocks", "promises")
 
 
 @dataclass(frozen=True)
@@ -60,6 +73,15 @@ class IndexedEntry:
     key: str
     tokens: tuple[int, ...]
     shared: int  # leading tokens equal to the prompt's
+
+
+@dataclass(frozen=True)
+class Promise:
+    """A prefix another process is computing and means to store."""
+
+    key: str
+    n_tokens: int
+    owner: str
 
 
 @dataclass(frozen=True)
@@ -146,10 +168,10 @@ class PrefixIndex:
 
     def _has_schema(self) -> bool:
         found = self._db.execute(
-            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name IN (?, ?)",
-            ("entries", "blocks"),
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name IN (?, ?, ?)",
+            _TABLES,
         ).fetchone()
-        return bool(found[0] == 2)
+        return bool(found[0] == len(_TABLES))
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
@@ -219,6 +241,30 @@ class PrefixIndex:
                 high = middle - 1
         return low
 
+    def promised(
+        self, fingerprint: str, tokens: Sequence[int], *, longer_than: int, now: float
+    ) -> list[Promise]:
+        """Live promises of model `fingerprint` whose tokens are all a prefix of `tokens`
+        and more than `longer_than` of them, longest first."""
+        rows = self._db.execute(
+            "SELECT key, tokens, owner FROM promises "
+            "WHERE fingerprint = ? AND until > ? AND length(tokens) > ? AND length(tokens) <= ? "
+            "ORDER BY length(tokens) DESC",
+            (
+                fingerprint,
+                now,
+                longer_than * TOKEN_DTYPE.itemsize,
+                len(tokens) * TOKEN_DTYPE.itemsize,
+            ),
+        ).fetchall()
+        prompt = np.asarray(tokens, dtype=TOKEN_DTYPE)
+        found = []
+        for key, stored, owner in rows:
+            n_tokens = len(stored) // TOKEN_DTYPE.itemsize
+            if shared_length(stored, prompt) == n_tokens:
+                found.append(Promise(key, n_tokens, owner))
+        return found
+
     def has(self, key: str) -> bool:
         return (
             self._db.execute("SELECT 1 FROM entries WHERE key = ?", (key,)).fetchone() is not None
@@ -269,6 +315,31 @@ class PrefixIndex:
     def remove(self, key: str) -> None:
         self._db.execute("DELETE FROM blocks WHERE key = ?", (key,))
         self._db.execute("DELETE FROM entries WHERE key = ?", (key,))
+
+    def promise(
+        self, key: str, *, fingerprint: str, tokens: Sequence[int], owner: str, until: float
+    ) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO promises VALUES (?, ?, ?, ?, ?)",
+            (key, fingerprint, token_bytes(tokens), owner, until),
+        )
+
+    def withdraw(self, keys: Sequence[str], *, owner: str | None = None) -> None:
+        """Drop the promises named `keys` (only `owner`'s, if given)."""
+        if owner is None:
+            self._db.executemany("DELETE FROM promises WHERE key = ?", [(k,) for k in keys])
+        else:
+            self._db.executemany(
+                "DELETE FROM promises WHERE key = ? AND owner = ?", [(k, owner) for k in keys]
+            )
+
+    def drop_promises(self, *, before: float, owners: Sequence[str] = ()) -> None:
+        """Drop promises that lapsed before `before`, and every promise of `owners`."""
+        self._db.execute("DELETE FROM promises WHERE until <= ?", (before,))
+        self._db.executemany("DELETE FROM promises WHERE owner = ?", [(o,) for o in owners])
+
+    def promise_owners(self) -> set[str]:
+        return {owner for (owner,) in self._db.execute("SELECT DISTINCT owner FROM promises")}
 
     def touch(self, key: str, when: float) -> None:
         self._db.execute("UPDATE entries SET last_used = ? WHERE key = ?", (when, key))

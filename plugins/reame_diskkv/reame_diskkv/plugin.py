@@ -3,8 +3,14 @@
 On the engine thread: `reame_prefix_lookup` searches the index and, on a hit, reads and
 checks one entry (the engine waits for the state, so a miss costs only index queries);
 `reame_prefix_store_points` names the prefixes the policy wants and the directory lacks;
-`reame_prefix_store` queues the state for the writer thread. Everything that writes to
-disk happens on that thread.
+`reame_prefix_store` queues the state for the writer thread. Everything that writes
+entries happens on that thread.
+
+Processes sharing the directory (replicas of a fleet, servers behind one proxy) tell one
+another what they are computing: `reame_prefix_computing` records, in the index, a promise
+for each prefix this process will store (a small row, written on the engine thread), and
+`reame_prefix_pending` finds another process's promise of a prefix of a prompt, so that
+prompt waits for the entry instead of computing it twice.
 
 Models whose KV cannot be cut back (sliding-window, recurrent, hybrid: `prefix_trim_safe`
 is False) are served only entries whose tokens are all a prefix of the prompt.
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import sqlite3
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -28,16 +35,20 @@ from reame_core.hooktypes import DISK_FAULTS, DiskNeed, ModelInfo, PrefixHit
 from reame_core.settings import Settings
 from reame_diskkv import cli
 from reame_diskkv.entry_format import codec_for
+from reame_diskkv.index import entry_key
 from reame_diskkv.policy import SnapshotPolicy
 from reame_diskkv.settings import BUDGET_CAP, BUDGET_SHARE_OF_FREE_DISK, NAME, DiskKVSettings
-from reame_diskkv.store import CacheCounters, DiskStore, Snapshot
+from reame_diskkv.store import CacheCounters, DiskStore, Snapshot, new_owner
 from reame_diskkv.writer import SnapshotWriter
 
 log = structlog.get_logger(__name__)
 
-# The engine thread's store only reads, and deletes the rows of broken entries: it must
-# never wait long for another process's write lock.
+# The engine thread's store reads, deletes the rows of broken entries and records
+# promises: it must never wait long for another process's write lock.
 READER_BUSY_TIMEOUT_S = 0.25
+# How long a promise holds if its process neither stores the prefix nor withdraws it (a
+# process on another host that died: one on this host is seen gone at once).
+PROMISE_S = 60.0
 
 
 class DiskPrefixCache:
@@ -54,6 +65,9 @@ class DiskPrefixCache:
         # writer thread to the second.
         self._read_counters = CacheCounters()
         self._write_counters = CacheCounters()
+        self._owner = new_owner()  # whose promises are this process's
+        self._promised: dict[str, set[str]] = {}  # a prompt's key: its promises' keys
+        self._promise_of: dict[str, str] = {}  # a promise's key: its prompt's key
 
     # ------------------------------------------------------------ command line
 
@@ -133,6 +147,7 @@ class DiskPrefixCache:
             self._writer.close()
             self._writer = None
         if self._reader is not None:
+            self._withdraw_all(self._reader)
             self._reader.close()
             self._reader = None
 
@@ -200,8 +215,89 @@ class DiskPrefixCache:
         snapshot = Snapshot(
             model.fingerprint, model.name, tuple(tokens), state, codec_for(model.kv_type)
         )
+        promised = self._kept(snapshot.key)
         if not self._writer.submit(snapshot):
             self._read_counters.snapshots_dropped += 1
+            if promised and self._reader is not None:
+                self._call_index(self._reader.fulfil, snapshot.key)
+
+    @hookimpl
+    def reame_prefix_computing(
+        self, tokens: Sequence[int], points: Sequence[int], model: ModelInfo
+    ) -> None:
+        reader = self._reader
+        if reader is None:
+            return
+        if self._writer is None or self._writer.paused:
+            points = ()  # what it cannot write it does not promise
+        prompt = entry_key(model.fingerprint, tokens)
+        before = self._promised.pop(prompt, set())
+        prefixes = [tokens[:point] for point in points]
+        keys = [entry_key(model.fingerprint, prefix) for prefix in prefixes]
+        if not keys and not before:
+            return
+        withdrawn = sorted(before - set(keys))
+        for key in before:
+            self._promise_of.pop(key, None)
+        promised = self._call_index(
+            reader.promise,
+            model.fingerprint,
+            prefixes,
+            owner=self._owner,
+            until=time.time() + PROMISE_S,
+            withdrawn=withdrawn,
+        )
+        if promised and keys:
+            self._promised[prompt] = set(keys)
+            self._promise_of.update(dict.fromkeys(keys, prompt))
+            self._read_counters.promises_made += len(keys)
+
+    @hookimpl
+    def reame_prefix_pending(
+        self, tokens: Sequence[int], have: int, model: ModelInfo
+    ) -> int | None:
+        reader = self._reader
+        if reader is None or len(tokens) < self._policy.min_tokens:
+            return None
+        try:
+            return reader.pending(
+                model.fingerprint, tokens[: len(tokens) - 2], longer_than=have, owner=self._owner
+            )
+        except sqlite3.Error as error:
+            self._say_lookup_failed(error)
+            return None
+
+    def _kept(self, key: str) -> bool:
+        """The prefix `key` is being stored: whether it was promised (the writer thread
+        ends the promise once it is written)."""
+        prompt = self._promise_of.pop(key, None)
+        if prompt is None:
+            return False
+        keys = self._promised[prompt]
+        keys.discard(key)
+        if not keys:
+            del self._promised[prompt]
+        return True
+
+    def _withdraw_all(self, reader: DiskStore) -> None:
+        """Stopping: promises not kept yet are withdrawn (what is queued is still written)."""
+        keys = sorted(self._promise_of)
+        self._promised.clear()
+        self._promise_of.clear()
+        if keys:
+            self._call_index(reader.withdraw, keys, owner=self._owner)
+
+    def _call_index(self, work: Any, *args: Any, **kwargs: Any) -> bool:
+        """Run a small write of promises on the engine thread; False if it failed (the
+        index busy beyond the reader's timeout, the disk full): others then compute the
+        prefix too, as they would without promises. Counted, not logged: a disk that
+        refuses writes is the writer's to report."""
+        try:
+            work(*args, **kwargs)
+        except sqlite3.Error:
+            self._read_counters.promise_errors += 1
+            return False
+        return True
 
     def _follow_writer(self, reader: DiskStore) -> None:
         """Open the index again once the writer has made the directory anew: the old one

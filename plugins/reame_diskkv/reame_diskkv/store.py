@@ -18,6 +18,10 @@ each follows the same rules, so none can break another's reads:
   computes the prefix again.
 - Rows are a summary of the files: `reconcile` drops rows whose file is gone and adopts
   complete files that lack a row (a crash between rename and insert).
+- Promises (a prefix a process is computing and will store) are hints, never trusted
+  for content: each lapses at its `until`, a dead process's are ignored and dropped, and
+  writing or failing to write the entry ends it. A process waiting for one restores
+  only what an entry then holds.
 
 Layout: ``<root>/v<format version>/{index.sqlite, <key>.kv, .<key>.<pid>.<random>.tmp}``.
 A store is used by one thread at a time.
@@ -29,6 +33,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import socket
 import sqlite3
 import time
 from collections.abc import Sequence
@@ -60,6 +65,8 @@ class CacheCounters:
     corrupt: int = 0
     read_errors: int = 0
     snapshots_dropped: int = 0
+    promises_made: int = 0  # prefixes this process told the others it is computing
+    promise_errors: int = 0  # promises the index could not record
     entries_written: int = 0
     tokens_written: int = 0
     bytes_written: int = 0
@@ -178,6 +185,54 @@ class DiskStore:
         self.counters.bytes_read += len(data)
         return state
 
+    def pending(
+        self, fingerprint: str, tokens: Sequence[int], *, longer_than: int, owner: str
+    ) -> int | None:
+        """The length of the longest live prefix of `tokens` another owner than `owner`
+        promised to store, more than `longer_than` tokens; None if there is none."""
+        for promise in self._index.promised(
+            fingerprint, tokens, longer_than=longer_than, now=time.time()
+        ):
+            if promise.owner != owner and owner_alive(promise.owner):
+                return promise.n_tokens
+        return None
+
+    def promise(
+        self,
+        fingerprint: str,
+        prefixes: Sequence[Sequence[int]],
+        *,
+        owner: str,
+        until: float,
+        withdrawn: Sequence[str] = (),
+    ) -> list[str]:
+        """Promise, as `owner`, to store each of `prefixes` before `until`, and withdraw
+        `owner`'s promises named `withdrawn`, in one transaction. Returns the new
+        promises' keys."""
+        keys = [entry_key(fingerprint, tokens) for tokens in prefixes]
+        with self._index.writing():
+            self._index.withdraw(withdrawn, owner=owner)
+            for key, tokens in zip(keys, prefixes, strict=True):
+                self._index.promise(
+                    key, fingerprint=fingerprint, tokens=tokens, owner=owner, until=until
+                )
+        return keys
+
+    def withdraw(self, keys: Sequence[str], *, owner: str) -> None:
+        with self._index.writing():
+            self._index.withdraw(keys, owner=owner)
+
+    def fulfil(self, key: str) -> None:
+        """The entry `key` is stored, or will not be: nobody need wait for it."""
+        with self._index.writing():
+            self._index.withdraw([key])
+
+    def drop_dead_promises(self) -> None:
+        """Drop lapsed promises and those of processes on this host that are gone."""
+        owners = [o for o in self._index.promise_owners() if not owner_alive(o)]
+        with self._index.writing():
+            self._index.drop_promises(before=time.time(), owners=owners)
+
     def _forget(self, key: str) -> None:
         """Drop the row of an entry whose file is gone. A busy index keeps the row for
         now: the next reader finds the file gone and tries again."""
@@ -290,6 +345,7 @@ class DiskStore:
             for key in files.keys() - rows:
                 self._adopt(key, files[key])
         self._delete_dead_temps()
+        self.drop_dead_promises()
 
     def _adopt(self, key: str, path: Path) -> None:
         try:
@@ -363,6 +419,21 @@ def _sync_directory(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def new_owner() -> str:
+    """A name for one process's promises, unique across the hosts sharing a directory."""
+    return f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
+
+
+def owner_alive(owner: str) -> bool:
+    """Whether the process behind `owner` may still be running: on this host, whether its
+    pid is; on another, presumed so (its promises lapse)."""
+    host, _, rest = owner.partition("/")
+    pid = rest.partition("/")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return True
+    return _process_alive(int(pid))
 
 
 def _process_alive(pid: int) -> bool:

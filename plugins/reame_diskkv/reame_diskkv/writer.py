@@ -124,6 +124,8 @@ class SnapshotWriter:
                 self._attempt(self._write, job)
                 with self._pending_lock:
                     self._pending_bytes -= len(job.state)
+                # Written, held already or not written: whoever waits for it stops.
+                self._attempt(self.store.fulfil, job.key)
             elif isinstance(job, _Touch):
                 self._attempt(self.store.touch, job.key)
             elif isinstance(job, threading.Event):

@@ -5,6 +5,8 @@ equals the model's own greedy continuation whatever the cache held or suffered."
 from __future__ import annotations
 
 import errno
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -310,3 +312,31 @@ def test_read_only_directory_turns_the_cache_off_and_says_so_once(
     assert len(warnings) == 1 and "off" in warnings[0]["event"]
     assert "Read-only" in warnings[0]["error"]
     assert not cache_dir.exists()
+
+
+# ----------------------------------------------------------------- promises
+
+
+def test_an_engine_behind_a_prefix_another_is_computing_waits_and_restores_it(
+    start_cache: StartCache,
+) -> None:
+    # Prompt tokens cost 2 ms each: the first engine takes a while over its system prompt,
+    # less than the second would wait before computing it too (at the rate it assumes).
+    first, second = start_cache(token_cost_s=0.002), start_cache(token_cost_s=0.002)
+    prompt, other = first.chat(QUESTION), second.chat(OTHER_QUESTION)
+    done: list[FinishEvent] = []
+    computing = threading.Thread(target=lambda: done.append(first.generate(prompt)))
+    computing.start()
+    deadline = time.monotonic() + 10
+    while first.stats()["promises_made"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+    behind = second.generate(other)
+    computing.join()
+
+    assert first.stats()["promises_made"] == 1
+    assert second.engine.stats.store_waits == 1
+    assert behind.usage.restored_tokens == system_length(other)
+    assert second.engine.stats.prefill_tokens == len(other) - system_length(other)
+    assert tokens_of(behind) == second.reference(other)
+    assert tokens_of(done[0]) == first.reference(prompt)

@@ -326,3 +326,66 @@ def test_clear_deletes_every_entry_of_every_model(store: DiskStore, cache_dir: P
 
     assert entries == 2 and size > 0
     assert entry_files(cache_dir) == [] and store.count() == 0
+
+
+# ----------------------------------------------------------------- promises
+
+
+def test_a_promise_is_seen_by_other_owners_until_the_entry_is_written(
+    store: DiskStore, cache_dir: Path
+) -> None:
+    item = snapshot(40)
+    prompt = [*item.tokens, 7, 8, 9]
+    other = DiskStore(cache_dir)
+    try:
+        keys = store.promise(FINGERPRINT, [item.tokens], owner="me", until=time.time() + 60)
+
+        seen = other.pending(FINGERPRINT, prompt, longer_than=0, owner="you")
+        mine = store.pending(FINGERPRINT, prompt, longer_than=0, owner="me")
+        held_already = other.pending(FINGERPRINT, prompt, longer_than=200, owner="you")
+        another_prompt = other.pending(FINGERPRINT, [5, *prompt], longer_than=0, owner="you")
+        another_model = other.pending("0" * 16, prompt, longer_than=0, owner="you")
+        store.write(item, max_size=UNLIMITED)
+        store.fulfil(item.key)
+        after = other.pending(FINGERPRINT, prompt, longer_than=0, owner="you")
+    finally:
+        other.close()
+
+    assert keys == [item.key]
+    assert seen == len(item.tokens)
+    assert mine is held_already is another_prompt is another_model is after is None
+
+
+def test_promises_lapse_die_with_their_process_and_are_withdrawn(
+    store: DiskStore, cache_dir: Path
+) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    dead_owner = f"{store_module.socket.gethostname()}/{dead.stdout.strip()}/abcd"
+    tokens = [snapshot(seed).tokens for seed in (41, 42, 43)]
+    store.promise(FINGERPRINT, [tokens[0]], owner="lapsed", until=time.time() - 1)
+    store.promise(FINGERPRINT, [tokens[1]], owner=dead_owner, until=time.time() + 60)
+    store.promise(FINGERPRINT, [tokens[2]], owner="withdrawn", until=time.time() + 60)
+    live_elsewhere = "another-host/1/abcd"
+    store.promise(FINGERPRINT, [tokens[2][:100]], owner=live_elsewhere, until=time.time() + 60)
+    store.withdraw([entry_key(FINGERPRINT, tokens[2])], owner="withdrawn")
+
+    pending = [store.pending(FINGERPRINT, [*t, 1, 2], longer_than=0, owner="me") for t in tokens]
+    store.reconcile()
+
+    assert pending == [None, None, 100]
+    assert store._index.promise_owners() == {live_elsewhere}
+
+
+def test_an_index_from_before_promises_gains_their_table(cache_dir: Path) -> None:
+    DiskStore(cache_dir).close()
+    db = sqlite3.connect(cache_dir / "v1" / "index.sqlite")
+    db.execute("DROP TABLE promises")
+    db.commit()
+    db.close()
+
+    reopened = DiskStore(cache_dir)
+    reopened.promise(FINGERPRINT, [snapshot(44).tokens], owner="me", until=time.time() + 60)
+
+    assert reopened._index.promise_owners() == {"me"}
+    reopened.close()
