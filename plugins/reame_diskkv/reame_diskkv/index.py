@@ -142,6 +142,7 @@ def _switch_to_wal(db: sqlite3.Connection, busy_timeout_s: float) -> None:
 
 class PrefixIndex:
     def __init__(self, path: Path, *, busy_timeout_s: float) -> None:
+        self._busy_timeout_s = busy_timeout_s
         # isolation_level=None: no implicit transactions; `writing()` opens them.
         self._db = sqlite3.connect(
             path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
@@ -174,19 +175,26 @@ class PrefixIndex:
         return bool(found[0] == len(_TABLES))
 
     @contextlib.contextmanager
-    def writing(self) -> Iterator[None]:
-        """A transaction holding the directory's write lock (across processes). A failed
+    def writing(self, *, patience_s: float | None = None) -> Iterator[None]:
+        """A transaction holding the directory's write lock (across processes), waiting at
+        most `patience_s` for it (default: the connection's busy timeout). A failed
         COMMIT (the disk full under sqlite's journal) rolls back too: a transaction left
         open would refuse every later one."""
-        self._db.execute("BEGIN IMMEDIATE")
+        if patience_s is not None:
+            self._db.execute(f"PRAGMA busy_timeout = {int(patience_s * 1000)}")
         try:
-            yield
-            self._db.execute("COMMIT")
-        except BaseException:
-            if self._db.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    self._db.execute("ROLLBACK")
-            raise
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._db.execute("ROLLBACK")
+                raise
+        finally:
+            if patience_s is not None:
+                self._db.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
 
     # ---------------------------------------------------------------- queries
 

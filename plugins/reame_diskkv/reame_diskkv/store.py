@@ -49,6 +49,9 @@ from reame_diskkv.index import IndexedEntry, ModelUsage, PrefixIndex, entry_key
 log = structlog.get_logger(__name__)
 
 LAYOUT = f"v{entry_format.FORMAT_VERSION}"
+# How long recording a promise waits for another process's write lock: it is done on the
+# engine thread, and a promise not made only costs what computing without promises does.
+PROMISE_PATIENCE_S = 0.02
 INDEX_FILE = "index.sqlite"
 ENTRY_SUFFIX = ".kv"
 TEMP_SUFFIX = ".tmp"
@@ -210,7 +213,7 @@ class DiskStore:
         `owner`'s promises named `withdrawn`, in one transaction. Returns the new
         promises' keys."""
         keys = [entry_key(fingerprint, tokens) for tokens in prefixes]
-        with self._index.writing():
+        with self._index.writing(patience_s=PROMISE_PATIENCE_S):
             self._index.withdraw(withdrawn, owner=owner)
             for key, tokens in zip(keys, prefixes, strict=True):
                 self._index.promise(
@@ -219,7 +222,7 @@ class DiskStore:
         return keys
 
     def withdraw(self, keys: Sequence[str], *, owner: str) -> None:
-        with self._index.writing():
+        with self._index.writing(patience_s=PROMISE_PATIENCE_S):
             self._index.withdraw(keys, owner=owner)
 
     def fulfil(self, key: str) -> None:

@@ -389,3 +389,21 @@ def test_an_index_from_before_promises_gains_their_table(cache_dir: Path) -> Non
 
     assert reopened._index.promise_owners() == {"me"}
     reopened.close()
+
+
+def test_a_promise_waits_only_briefly_for_another_processs_write_lock(
+    store: DiskStore, cache_dir: Path
+) -> None:
+    holder = sqlite3.connect(cache_dir / "v1" / "index.sqlite", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process writing
+    started = time.monotonic()
+    with pytest.raises(sqlite3.OperationalError):
+        store.promise(FINGERPRINT, [snapshot(45).tokens], owner="me", until=time.time() + 60)
+    waited = time.monotonic() - started
+    holder.execute("COMMIT")
+    holder.close()
+
+    # Then writes wait as long as they did before: the store's own timeout is back.
+    store.promise(FINGERPRINT, [snapshot(45).tokens], owner="me", until=time.time() + 60)
+    assert waited < store_module.PROMISE_PATIENCE_S + 0.2
+    assert store._index._db.execute("PRAGMA busy_timeout").fetchone()[0] == 10_000
