@@ -243,6 +243,15 @@ class ReplicaView:
         """Requests that must finish before a new one gets a slot: 0 while one is free."""
         return max(0, self.ongoing - self.slots + 1)
 
+    def slot_frees_after(self, now: float) -> float:
+        """With every slot taken, when the request was sent whose end frees a slot for a new
+        one here: requests end about in the order they were sent (each holds its slot
+        about as long), so a new request waits for the `load`-th oldest. `now` for a
+        request the router did not send (it knows nothing of when it ends)."""
+        in_flight = list(self.backlog.in_flight.values())
+        turn = self.load - 1
+        return in_flight[turn].sent if turn < len(in_flight) else now
+
     def ahead(self, now: float) -> float:
         """Chunks of prompt work a new request waits for here: what is left of those in
         flight, cold or not (see `Backlog`)."""
@@ -334,9 +343,10 @@ class FleetAffinity:
     first token there plus what it costs others: the prompt work still ahead of it there,
     plus the chunks it must compute itself (once), plus the recompute of any live session
     whose pinned slot it would take, less `home_weight` of the prefix if the replica is
-    its home. Lowest cost first among the replicas with a slot free, then the others: a
-    prefix held on a replica keeps its requests unless the work ahead there outweighs
-    computing it elsewhere, or the replica has no slot free for them."""
+    its home. Lowest cost first among the replicas with a slot free, then the others, the
+    one whose slot frees first first: a prefix held on a replica keeps its requests unless
+    the work ahead there outweighs computing it elsewhere, or the replica has no slot free
+    for them."""
 
     def __init__(
         self,
@@ -478,14 +488,18 @@ class FleetAffinity:
             for r in live
         }
 
-        def preference(r: str) -> tuple[bool, float, int, int]:
+        def preference(r: str) -> tuple[bool, float, float, int, int]:
             # A replica with a slot free before one without: a request that waits for a
             # slot waits for a whole request to finish, and takes a slot the sessions
-            # living there will want. Equal costs: for a new prefix, the replica home to
-            # the fewest (new prefixes spread over the fleet); then the one least recently
-            # sent a request (prompts too short to cache go round the fleet).
+            # living there will want. Among those without, the one whose slot frees first:
+            # that wait is an answer's decoding, longer than any prompt's work. Equal
+            # costs: for a new prefix, the replica home to the fewest (new prefixes spread
+            # over the fleet); then the one least recently sent a request (prompts too
+            # short to cache go round the fleet).
             view = self.replica(r)
-            return (view.full, cost[r], self.homes.chunks[r] if chain else 0, view.last_routed)
+            frees = view.slot_frees_after(now) if view.full else 0.0
+            homes = self.homes.chunks[r] if chain else 0
+            return (view.full, frees, cost[r], homes, view.last_routed)
 
         order = sorted(live, key=preference)
         top = order[0]
@@ -595,7 +609,7 @@ class FleetAffinity:
             if displaced.at_once:
                 self._lose(displaced.session)
         cached = self._cached(view, chain, self.shared.matched(chain))
-        work = Work(chain, len(chain) - cached + DECODE_CHUNKS, session)
+        work = Work(chain, len(chain) - cached + DECODE_CHUNKS, session, sent=now)
         key = request if request is not None else ("unnamed", self._routings)
         for forgotten in view.backlog.add(key, work, now):
             self.sessions.turn_over(forgotten.session, now)

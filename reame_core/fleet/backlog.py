@@ -27,11 +27,12 @@ RATE_MEMORY = 0.8
 @dataclass
 class Work:
     """A request in flight on a replica: its prompt, the chunks it had to compute there,
-    and its session if it is a turn of one."""
+    its session if it is a turn of one, and when it was sent."""
 
     chain: list[bytes]
     chunks: float
     session: str | None = None
+    sent: float = 0.0
 
 
 class Backlog:

@@ -733,3 +733,23 @@ def test_a_request_whose_completion_never_came_does_not_keep_a_replica_full() ->
     assert affinity.rank(["r1", "r2"], SYSTEM_A + "Invoice 9").ranked[0] == "r2"
     affinity.set_queue("r1", 0)  # Serve counts nothing there
     assert affinity.rank(["r1", "r2"], SYSTEM_A + "Invoice 9").ranked[0] == "r1"
+
+
+def test_with_every_slot_taken_a_request_waits_where_a_slot_frees_first() -> None:
+    clock = Clock()
+    affinity = fleet("r1", "r2", slots=2, clock=clock, sole_router=True)
+    affinity.routed("r2", SYSTEM_A, request="warm")
+    affinity.completed("r2", "warm")
+    for n, replica in enumerate(["r1", "r1", "r2", "r2"]):  # r1's two were sent first
+        affinity.routed(replica, SYSTEM_B + f"Ticket {n}", request=n)
+        clock.now += 1
+    choice = affinity.rank(["r1", "r2"], SYSTEM_A + "Invoice 9")
+    # Cheaper on r2, which holds the prefix, but r1's oldest request ends first.
+    assert choice.costs["r2"] < choice.costs["r1"]
+    assert choice.ranked == ["r1", "r2"]
+    # One more waits on r1: the next there frees after r1's second, sent before r2's first.
+    affinity.routed("r1", SYSTEM_B + "Ticket 4", request=4)
+    assert affinity.rank(["r1", "r2"], SYSTEM_A + "Invoice 9").ranked == ["r1", "r2"]
+    # Two more: r1's next frees after r2's first.
+    affinity.routed("r1", SYSTEM_B + "Ticket 5", request=5)
+    assert affinity.rank(["r1", "r2"], SYSTEM_A + "Invoice 9").ranked == ["r2", "r1"]
