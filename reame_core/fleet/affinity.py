@@ -243,13 +243,17 @@ class ReplicaView:
         """Requests that must finish before a new one gets a slot: 0 while one is free."""
         return max(0, self.ongoing - self.slots + 1)
 
-    def slot_frees_after(self, now: float) -> float:
+    def slot_frees_after(self, now: float) -> float | None:
         """With every slot taken, when the request was sent whose end frees a slot for a new
         one here: requests end about in the order they were sent (each holds its slot
-        about as long), so a new request waits for the `load`-th oldest. `now` for a
-        request the router did not send (it knows nothing of when it ends)."""
-        in_flight = list(self.backlog.in_flight.values())
+        about as long), so a new request waits for the `load`-th oldest — while that one
+        is in a slot already. None when it is queued itself (its end depends on how long
+        those before it hold their slots, which the router does not know), and `now` for
+        a request the router did not send (nor does it know when that one ends)."""
         turn = self.load - 1
+        if turn >= self.slots:
+            return None
+        in_flight = list(self.backlog.in_flight.values())
         return in_flight[turn].sent if turn < len(in_flight) else now
 
     def ahead(self, now: float) -> float:
@@ -488,18 +492,20 @@ class FleetAffinity:
             for r in live
         }
 
-        def preference(r: str) -> tuple[bool, float, float, int, int]:
+        def preference(r: str) -> tuple[bool, bool, float, float, int, int]:
             # A replica with a slot free before one without: a request that waits for a
             # slot waits for a whole request to finish, and takes a slot the sessions
-            # living there will want. Among those without, the one whose slot frees first:
-            # that wait is an answer's decoding, longer than any prompt's work. Equal
-            # costs: for a new prefix, the replica home to the fewest (new prefixes spread
-            # over the fleet); then the one least recently sent a request (prompts too
-            # short to cache go round the fleet).
+            # living there will want. Among those without, where the request would take
+            # the slot of one running now, the one whose slot frees first: that wait is an
+            # answer's decoding, longer than any prompt's work; then those with a queue
+            # longer than their slots, by cost. Equal costs: for a new prefix, the replica
+            # home to the fewest (new prefixes spread over the fleet); then the one least
+            # recently sent a request (prompts too short to cache go round the fleet).
             view = self.replica(r)
             frees = view.slot_frees_after(now) if view.full else 0.0
             homes = self.homes.chunks[r] if chain else 0
-            return (view.full, frees, cost[r], homes, view.last_routed)
+            queued = frees is None
+            return (view.full, queued, frees or 0.0, cost[r], homes, view.last_routed)
 
         order = sorted(live, key=preference)
         top = order[0]

@@ -753,3 +753,21 @@ def test_with_every_slot_taken_a_request_waits_where_a_slot_frees_first() -> Non
     # Two more: r1's next frees after r2's first.
     affinity.routed("r1", SYSTEM_B + "Ticket 5", request=5)
     assert affinity.rank(["r1", "r2"], SYSTEM_A + "Invoice 9").ranked == ["r2", "r1"]
+
+
+def test_behind_a_queue_longer_than_the_slots_a_request_goes_by_cost() -> None:
+    clock = Clock()
+    affinity = fleet("r1", "r2", slots=2, clock=clock, sole_router=True)
+    affinity.routed("r2", SYSTEM_A, request="warm")
+    affinity.completed("r2", "warm")
+    for n, replica in enumerate(["r1", "r1", "r2", "r2", "r1", "r1", "r2", "r2"]):
+        affinity.routed(replica, SYSTEM_B + f"Ticket {n}", request=n)
+        clock.now += 1
+    # Both queue two beyond their slots: when a slot frees is not known, the prefix counts.
+    choice = affinity.rank(["r1", "r2"], SYSTEM_A + "Invoice 9")
+    assert choice.ranked == ["r2", "r1"]
+    # With r1's queue shorter, its slot frees after a request running now: r1 first.
+    affinity.completed("r1", 0)
+    affinity.completed("r1", 1)
+    affinity.routed("r1", SYSTEM_B + "Ticket 8", request=8)
+    assert affinity.rank(["r1", "r2"], SYSTEM_A + "Invoice 9").ranked == ["r1", "r2"]
