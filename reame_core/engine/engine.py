@@ -43,6 +43,9 @@ from reame_core.request import (
 log = structlog.get_logger(__name__)
 
 _WAKE = object()
+# How often a request waiting for a prefix another process is computing asks again, when
+# nothing else runs.
+WAITING_POLL_S = 0.005
 
 
 class Ticket:
@@ -281,21 +284,26 @@ class Engine:
             if self._stopping:
                 break
             try:
-                self.step()
+                progressed = self.step()
             except Exception as error:
                 # Whatever went wrong, the thread must live on: every request depends on it.
                 with contextlib.suppress(Exception):
                     log.exception("engine step failed; failing the requests in flight")
                 self._fail_all(f"internal error in the engine ({type(error).__name__})")
+                continue
+            if not progressed and self.busy:
+                # Nothing to compute, yet requests run: they wait for a prefix another
+                # process is computing. Look again after a pause, or at the next request.
+                self._take_inbox(block=True, timeout=WAITING_POLL_S)
         for group in [*self.scheduler.running, *self.scheduler.waiting]:
             group.cancelled = True
         self._reap_cancelled()
 
-    def _take_inbox(self, block: bool) -> None:
+    def _take_inbox(self, block: bool, timeout: float | None = None) -> None:
         if not block and self._inbox.empty():  # most steps: cheaper than a raised Empty
             return
         try:
-            item = self._inbox.get(block=block)
+            item = self._inbox.get(block=block, timeout=timeout)
             while True:
                 if isinstance(item, RequestGroup):
                     self.stats.requests_submitted += 1

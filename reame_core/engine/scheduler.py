@@ -44,6 +44,8 @@ FILLER_TOKEN = 0  # what a gap filler feeds: any token does, its row is thrown a
 # Prompt tokens a second the engine assumes it computes before it has computed any: how
 # long it waits at most for a prefix another process promised (`Phase.AWAITING_STORE`).
 ASSUMED_PREFILL_RATE = 200.0
+# The longest a request waits for such a prefix, whatever its estimate.
+MAX_PREFIX_WAIT_S = 30.0
 
 
 @dataclass
@@ -228,24 +230,26 @@ class Scheduler:
         else:
             self.slots.copy(match.slot, slot, match.length)
         self.slots.restore_spilled(slot, session, prompt, limit)
+        held = len(slot.tokens)
+        restored = self._restore_prefix(group, slot, limit)
         group.usage.prompt_tokens = len(prompt)
+        group.usage.cached_tokens = len(slot.tokens)
         self.stats.prompt_tokens += len(prompt)
-        self.stats.reused_tokens += len(slot.tokens)
-        self._restore_prefix(group, slot, limit)
+        self.stats.reused_tokens += 0 if restored else held
+        self.stats.restored_tokens += len(slot.tokens) if restored else 0
         have = len(slot.tokens)
         first = group.sequences[0]
         in_flight = self._prefix_in_flight(group, prompt, limit, have)
-        promised = None
-        if in_flight is None:
-            promised = self.hook.reame_prefix_pending(tokens=prompt, have=have, model=self.info)
+        promised = None if in_flight else self._promised_elsewhere(prompt, have, limit)
         if in_flight is not None:
             first.leader, first.leader_prefix = in_flight
             first.phase = Phase.AWAITING_PREFIX
             have = first.leader_prefix
-        elif promised is not None and have < promised <= limit:
+        elif promised is not None:
             first.phase = Phase.AWAITING_STORE
-            first.store_due = time.perf_counter() + self._prefill_seconds(promised - have)
-            self.stats.store_waits += 1
+            patience = min(MAX_PREFIX_WAIT_S, self._prefill_seconds(promised - have))
+            first.prefix_due = time.perf_counter() + patience
+            self.stats.prefix_waits += 1
             have = promised
         # On the grid: a stored prefix is restored and reused like a resident one.
         group.store_points = sorted(
@@ -263,14 +267,31 @@ class Scheduler:
         group.prefill_started = time.perf_counter()
 
     def _announce(self, group: RequestGroup) -> None:
-        """Tell the plugins which of the prompt's prefixes this request still means to store."""
-        self.hook.reame_prefix_computing(
-            tokens=group.request.prompt_tokens, points=tuple(group.store_points), model=self.info
-        )
+        """Tell the plugins which of the prompt's prefixes this request still means to store.
+        A promise is a hint to other processes: a plugin failing to hear it fails nothing."""
+        try:
+            self.hook.reame_prefix_computing(
+                tokens=group.request.prompt_tokens,
+                points=tuple(group.store_points),
+                model=self.info,
+            )
+        except Exception:
+            log.exception("reame_prefix_computing failed; going on without the promise")
         group.promised = bool(group.store_points)
 
+    def _promised_elsewhere(self, prompt: Seq[int], have: int, limit: int) -> int | None:
+        """The longest prefix of `prompt` beyond `have` (at most `limit`) another process
+        promised to store, or None (also should the plugin fail: then nothing is waited for)."""
+        try:
+            promised = self.hook.reame_prefix_pending(tokens=prompt, have=have, model=self.info)
+        except Exception:
+            log.exception("reame_prefix_pending failed; computing the prefix")
+            return None
+        return promised if promised is not None and have < promised <= limit else None
+
     def _withdraw(self, group: RequestGroup) -> None:
-        """The request has ended with prefixes it said it would store unstored."""
+        """The request has ended with prefixes it said it would store unstored: other
+        processes waiting for them stop waiting."""
         if group.promised and group.store_points:
             group.store_points = []
             self._announce(group)
@@ -331,12 +352,14 @@ class Scheduler:
         process did not store it) and computes the rest of its prompt itself."""
         group, prompt = seq.group, seq.prompt_tokens
         now = time.perf_counter()
-        if now < seq.store_due:
-            promised = self.hook.reame_prefix_pending(tokens=prompt, have=seq.n_kv, model=self.info)
-            if promised is not None:
-                return
-        self.stats.store_wait_seconds += now - group.prefill_started
-        self._restore_prefix(group, seq.slot, max(0, len(prompt) - 2))
+        limit = max(0, len(prompt) - 2)
+        if now < seq.prefix_due and self._promised_elsewhere(prompt, seq.n_kv, limit):
+            return
+        self.stats.prefix_wait_seconds += now - group.prefill_started
+        held = seq.n_kv
+        if self._restore_prefix(group, seq.slot, limit):
+            # What the slot held was counted when the request started; count the rest.
+            self.stats.restored_tokens += seq.n_kv - held
         have = seq.n_kv
         if group.store_points and group.store_points[0] <= have:
             group.store_points = [point for point in group.store_points if point > have]
@@ -345,18 +368,13 @@ class Scheduler:
 
     def _restore_prefix(self, group: RequestGroup, slot: Slot, limit: int) -> bool:
         """Restore the longest stored prefix of the request's prompt the plugins offer
-        beyond what `slot` holds, and count it in the request's usage."""
+        beyond what `slot` holds, into the request's usage: the state replaces the slot's,
+        so all its tokens are restored ones."""
         prompt = group.request.prompt_tokens
-        reused = len(slot.tokens)
-        restored = self._restore_offered(slot, prompt, reused, limit)
-        usage = group.usage
-        if restored:
-            # The state replaced the slot's: the tokens it held count as restored now.
-            self.stats.reused_tokens -= reused
-            self.stats.restored_tokens += len(slot.tokens)
-            usage.restored_tokens = len(slot.tokens)
-        usage.cached_tokens = len(slot.tokens)
-        return restored
+        if not self._restore_offered(slot, prompt, len(slot.tokens), limit):
+            return False
+        group.usage.restored_tokens = group.usage.cached_tokens = len(slot.tokens)
+        return True
 
     def _restore_offered(self, slot: Slot, prompt: Seq[int], reused: int, limit: int) -> bool:
         hit = self.hook.reame_prefix_lookup(tokens=prompt, reused=reused, model=self.info)

@@ -72,7 +72,7 @@ class Candidate:
         self.leader: Candidate | None = None
         self.leader_prefix = 0
         # In AWAITING_STORE: when it stops waiting and computes the prefix itself.
-        self.store_due = 0.0
+        self.prefix_due = 0.0
 
     # --------------------------------------------------------- SequenceView
 

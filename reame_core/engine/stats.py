@@ -32,5 +32,5 @@ class EngineStats:
     waiting_requests: int = 0
     decode_errors: int = 0
     prefill_seconds: float = 0.0  # decode calls computing prompt chunks
-    store_waits: int = 0  # requests that waited for a prefix another process was computing
-    store_wait_seconds: float = 0.0
+    prefix_waits: int = 0  # requests that waited for a prefix another process was computing
+    prefix_wait_seconds: float = 0.0

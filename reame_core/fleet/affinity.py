@@ -496,11 +496,12 @@ class FleetAffinity:
             # A replica with a slot free before one without: a request that waits for a
             # slot waits for a whole request to finish, and takes a slot the sessions
             # living there will want. Among those without, where the request would take
-            # the slot of one running now, the one whose slot frees first: that wait is an
-            # answer's decoding, longer than any prompt's work; then those with a queue
-            # longer than their slots, by cost. Equal costs: for a new prefix, the replica
-            # home to the fewest (new prefixes spread over the fleet); then the one least
-            # recently sent a request (prompts too short to cache go round the fleet).
+            # the slot of one running now, the one whose slot frees first: that wait is
+            # what remains of an answer's decoding, as a rule longer than a prompt's work;
+            # then those with a queue longer than their slots, by cost. Equal costs: for a
+            # new prefix, the replica home to the fewest (new prefixes spread over the
+            # fleet); then the one least recently sent a request (prompts too short to
+            # cache go round the fleet).
             view = self.replica(r)
             frees = view.slot_frees_after(now) if view.full else 0.0
             homes = self.homes.chunks[r] if chain else 0

@@ -83,12 +83,12 @@ class EngineCollector(Collector):
         yield _counter(
             "reame_prefix_waits",
             "Requests that waited for a prefix another process was computing, not computing it",
-            stats.store_waits,
+            stats.prefix_waits,
         )
         yield _counter(
             "reame_prefix_wait_seconds",
             "Time requests spent waiting for a prefix another process was computing",
-            stats.store_wait_seconds,
+            stats.prefix_wait_seconds,
         )
         yield _counter("reame_decode_errors", "Decode steps that failed", stats.decode_errors)
         yield _gauge("reame_queue_depth", "Requests waiting for a slot", stats.waiting_requests)

@@ -46,7 +46,7 @@ CONTRACT = {
     "reame_prefix_store": "tests/contract/test_prefill.py::"
     "test_snapshot_stored_at_the_plugins_point_is_restored_by_another_engine",
     "reame_prefix_computing": "tests/contract/test_prefill.py::"
-    "test_a_promise_withdrawn_or_never_kept_costs_the_wait_and_nothing_else",
+    "test_a_withdrawn_promise_ends_the_wait_and_the_prefix_is_computed",
     "reame_prefix_pending": "tests/contract/test_prefill.py::"
     "test_an_engine_waits_for_the_prefix_another_promised_and_restores_it",
     # drafting

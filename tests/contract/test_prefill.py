@@ -96,13 +96,15 @@ def test_an_engine_waits_for_the_prefix_another_promised_and_restores_it(
 
     assert restored.usage.restored_tokens == point
     assert second.stats.prefill_tokens == len(LONG_PROMPT) - point
-    assert second.stats.store_waits == 1
+    stats = second.stats
+    assert stats.prefill_tokens + stats.reused_tokens + stats.restored_tokens == len(LONG_PROMPT)
+    assert second.stats.prefix_waits == 1
     assert restored.candidates[0].tokens == alone.candidates[0].tokens
     assert store.promised == set()
     assert store.computing[0] == (point,)
 
 
-def test_a_promise_withdrawn_or_never_kept_costs_the_wait_and_nothing_else(
+def test_a_withdrawn_promise_ends_the_wait_and_the_prefix_is_computed(
     stepped: Stepped, install_plugins: InstalledPlugins
 ) -> None:
     store = install_plugins.module("prefix_promises")
@@ -117,6 +119,8 @@ def test_a_promise_withdrawn_or_never_kept_costs_the_wait_and_nothing_else(
     first.step()
     assert store.computing[-1] == ()  # withdrawn
     (alone,) = stepped.until_finished(waited)
+    # It computed as soon as the promise was withdrawn, not at the end of its patience.
+    assert second.stats.prefix_wait_seconds < 30 / ASSUMED_PREFILL_RATE / 2
 
     assert alone.usage.restored_tokens == 0
     assert second.stats.prefill_tokens == len(LONG_PROMPT)
@@ -139,6 +143,25 @@ def test_a_promise_that_lapses_is_waited_for_about_as_long_as_computing_would_ta
 
     # Its rate unknown yet, the engine waits for 30 tokens as long as 30 take at the rate
     # it assumes.
-    assert engine.stats.store_wait_seconds >= 30 / ASSUMED_PREFILL_RATE * 0.9
+    assert 0.9 <= engine.stats.prefix_wait_seconds / (30 / ASSUMED_PREFILL_RATE) < 3
     assert alone.usage.restored_tokens == 0
     assert engine.stats.prefill_tokens == len(LONG_PROMPT)
+
+
+def test_a_running_engine_waits_for_a_promise_without_spinning(
+    install_plugins: InstalledPlugins,
+) -> None:
+    plugins = install_plugins("prefix_promises")
+    store = install_plugins.module("prefix_promises")
+    store.promised.add(tuple(LONG_PROMPT[:60]))  # never kept: a wait of 0.3 s
+    engine = Engine(FakeBackend(), plugins, speculate="off").start()
+    try:
+        cpu, wall = time.process_time(), time.perf_counter()
+        finished = engine.generate(GenerationRequest(LONG_PROMPT, SamplingParams(max_tokens=4)))
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    finally:
+        engine.stop()
+
+    assert engine.stats.prefix_waits == 1 and finished.candidates[0].tokens
+    assert wall >= 60 / ASSUMED_PREFILL_RATE * 0.9
+    assert cpu < wall / 3  # it looked again now and then, it did not spin

@@ -750,7 +750,7 @@ def test_with_every_slot_taken_a_request_waits_where_a_slot_frees_first() -> Non
     # One more waits on r1: the next there frees after r1's second, sent before r2's first.
     affinity.routed("r1", SYSTEM_B + "Ticket 4", request=4)
     assert affinity.rank(["r1", "r2"], SYSTEM_A + "Invoice 9").ranked == ["r1", "r2"]
-    # Two more: r1's next frees after r2's first.
+    # One more again: r1's queue is longer than its slots, so it goes after r2.
     affinity.routed("r1", SYSTEM_B + "Ticket 5", request=5)
     assert affinity.rank(["r1", "r2"], SYSTEM_A + "Invoice 9").ranked == ["r2", "r1"]
 

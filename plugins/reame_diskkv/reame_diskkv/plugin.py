@@ -215,7 +215,7 @@ class DiskPrefixCache:
         snapshot = Snapshot(
             model.fingerprint, model.name, tuple(tokens), state, codec_for(model.kv_type)
         )
-        promised = self._kept(snapshot.key)
+        promised = self._end_promise(snapshot.key)
         if not self._writer.submit(snapshot):
             self._read_counters.snapshots_dropped += 1
             if promised and self._reader is not None:
@@ -231,23 +231,24 @@ class DiskPrefixCache:
         if self._writer is None or self._writer.paused:
             points = ()  # what it cannot write it does not promise
         prompt = entry_key(model.fingerprint, tokens)
-        before = self._promised.pop(prompt, set())
+        before = self._promised.get(prompt, set())
         prefixes = [tokens[:point] for point in points]
         keys = [entry_key(model.fingerprint, prefix) for prefix in prefixes]
         if not keys and not before:
             return
-        withdrawn = sorted(before - set(keys))
-        for key in before:
-            self._promise_of.pop(key, None)
-        promised = self._call_index(
+        if not self._call_index(
             reader.promise,
             model.fingerprint,
             prefixes,
             owner=self._owner,
             until=time.time() + PROMISE_S,
-            withdrawn=withdrawn,
-        )
-        if promised and keys:
+            withdrawn=sorted(before - set(keys)),
+        ):
+            return  # as it was: what was promised is withdrawn when the request ends
+        for key in before:
+            self._promise_of.pop(key, None)
+        self._promised.pop(prompt, None)
+        if keys:
             self._promised[prompt] = set(keys)
             self._promise_of.update(dict.fromkeys(keys, prompt))
             self._read_counters.promises_made += len(keys)
@@ -267,9 +268,9 @@ class DiskPrefixCache:
             self._say_lookup_failed(error)
             return None
 
-    def _kept(self, key: str) -> bool:
-        """The prefix `key` is being stored: whether it was promised (the writer thread
-        ends the promise once it is written)."""
+    def _end_promise(self, key: str) -> bool:
+        """The prefix `key` is being stored: forget its promise (the writer thread ends it
+        in the index once the entry is written); whether there was one."""
         prompt = self._promise_of.pop(key, None)
         if prompt is None:
             return False

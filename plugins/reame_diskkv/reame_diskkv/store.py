@@ -226,9 +226,11 @@ class DiskStore:
             self._index.withdraw(keys, owner=owner)
 
     def fulfil(self, key: str) -> None:
-        """The entry `key` is stored, or will not be: nobody need wait for it."""
+        """The entry `key` is stored, or will not be: nobody need wait for it. Promises
+        that lapsed meanwhile go too."""
         with self._index.writing():
             self._index.withdraw([key])
+            self._index.drop_promises(before=time.time())
 
     def drop_dead_promises(self) -> None:
         """Drop lapsed promises and those of processes on this host that are gone."""

@@ -335,7 +335,7 @@ def test_an_engine_behind_a_prefix_another_is_computing_waits_and_restores_it(
     computing.join()
 
     assert first.stats()["promises_made"] == 1
-    assert second.engine.stats.store_waits == 1
+    assert second.engine.stats.prefix_waits == 1
     assert behind.usage.restored_tokens == system_length(other)
     assert second.engine.stats.prefill_tokens == len(other) - system_length(other)
     assert tokens_of(behind) == second.reference(other)

@@ -1,8 +1,7 @@
 """Proves the promise hooks work as one: a store shared by several engines, as a disk
 cache is by several processes. `reame_prefix_computing` records which prefixes an engine
 is computing for storage, `reame_prefix_pending` tells another engine behind the same
-prefix, and `reame_prefix_store`, storing one, ends its promise. With `keep_promises`
-False, the store ignores what engines say they are computing (a promise left to lapse)."""
+prefix, and `reame_prefix_store`, storing one, ends its promise."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ from reame_core.hooktypes import ModelInfo, PrefixHit
 stored: dict[tuple[int, ...], bytes] = {}
 promised: set[tuple[int, ...]] = set()
 computing: list[tuple[int, ...]] = []  # the points of each `reame_prefix_computing` call
-keep_promises = True
 
 
 @hookimpl
@@ -25,8 +23,6 @@ def reame_prefix_store_points(tokens: Sequence[int], model: ModelInfo) -> Iterab
 @hookimpl
 def reame_prefix_computing(tokens: Sequence[int], points: Sequence[int], model: ModelInfo) -> None:
     computing.append(tuple(points))
-    if not keep_promises:
-        return
     prompt = tuple(tokens)
     for prefix in [p for p in promised if prompt[: len(p)] == p]:
         promised.discard(prefix)
