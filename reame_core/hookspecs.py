@@ -208,13 +208,16 @@ def reame_prefix_store(tokens: Sequence[int], state: bytes, model: ModelInfo) ->
 
 
 @hookspec
-def reame_prefix_computing(tokens: Sequence[int], points: Sequence[int], model: ModelInfo) -> None:
-    """The engine is computing the prompt `tokens` and means to store its prefixes of the
-    lengths `points` (each through ``reame_prefix_store``, in that order) as soon as they
-    are computed. Called when a request starts with store points, again with the points
-    it still means to store whenever it drops one without storing it, and with none once
-    it will store no more of them (the request ended first). A stored point needs no
-    call: storing it ends the promise.
+def reame_prefix_computing(
+    tokens: Sequence[int], points: Sequence[int], model: ModelInfo, request_id: str
+) -> None:
+    """The engine is computing the prompt `tokens` of request `request_id` and means to
+    store its prefixes of the lengths `points` (each through ``reame_prefix_store``, in
+    that order) as soon as they are computed. Called when a request starts with store
+    points, again with the points it still means to store whenever it drops one without
+    storing it, and with none once it will store no more of them (the request ended
+    first). A stored point needs no call: storing it ends the promise. Two requests may
+    promise one prefix: it stays promised while either means to store it.
 
     A plugin that other processes share (a cache directory on a common disk) tells them,
     so that a request there behind the same prefix waits for the state

@@ -274,6 +274,7 @@ class Scheduler:
                 tokens=group.request.prompt_tokens,
                 points=tuple(group.store_points),
                 model=self.info,
+                request_id=group.request.request_id,
             )
         except Exception:
             log.exception("reame_prefix_computing failed; going on without the promise")

@@ -66,8 +66,8 @@ class DiskPrefixCache:
         self._read_counters = CacheCounters()
         self._write_counters = CacheCounters()
         self._owner = new_owner()  # whose promises are this process's
-        self._promised: dict[str, set[str]] = {}  # a prompt's key: its promises' keys
-        self._promise_of: dict[str, str] = {}  # a promise's key: its prompt's key
+        self._promised: dict[str, set[str]] = {}  # a request's id: its promises' keys
+        self._holders: dict[str, set[str]] = {}  # a promise's key: the requests that made it
 
     # ------------------------------------------------------------ command line
 
@@ -223,35 +223,39 @@ class DiskPrefixCache:
 
     @hookimpl
     def reame_prefix_computing(
-        self, tokens: Sequence[int], points: Sequence[int], model: ModelInfo
+        self, tokens: Sequence[int], points: Sequence[int], model: ModelInfo, request_id: str
     ) -> None:
         reader = self._reader
         if reader is None:
             return
         if self._writer is None or self._writer.paused:
             points = ()  # what it cannot write it does not promise
-        prompt = entry_key(model.fingerprint, tokens)
-        before = self._promised.get(prompt, set())
+        before = self._promised.get(request_id, set())
         prefixes = [tokens[:point] for point in points]
         keys = [entry_key(model.fingerprint, prefix) for prefix in prefixes]
         if not keys and not before:
             return
+        gone = before - set(keys)
+        # A prefix another request here promised too stays promised.
+        withdrawn = sorted(k for k in gone if self._holders.get(k, set()) <= {request_id})
         if not self._call_index(
             reader.promise,
             model.fingerprint,
             prefixes,
             owner=self._owner,
             until=time.time() + PROMISE_S,
-            withdrawn=sorted(before - set(keys)),
+            withdrawn=withdrawn,
         ):
             return  # as it was: what was promised is withdrawn when the request ends
-        for key in before:
-            self._promise_of.pop(key, None)
-        self._promised.pop(prompt, None)
+        for key in gone:
+            self._let_go(key, request_id)
         if keys:
-            self._promised[prompt] = set(keys)
-            self._promise_of.update(dict.fromkeys(keys, prompt))
+            self._promised[request_id] = set(keys)
+            for key in keys:
+                self._holders.setdefault(key, set()).add(request_id)
             self._read_counters.promises_made += len(keys)
+        else:
+            self._promised.pop(request_id, None)
 
     @hookimpl
     def reame_prefix_pending(
@@ -269,22 +273,29 @@ class DiskPrefixCache:
             return None
 
     def _end_promise(self, key: str) -> bool:
-        """The prefix `key` is being stored: forget its promise (the writer thread ends it
-        in the index once the entry is written); whether there was one."""
-        prompt = self._promise_of.pop(key, None)
-        if prompt is None:
-            return False
-        keys = self._promised[prompt]
-        keys.discard(key)
-        if not keys:
-            del self._promised[prompt]
-        return True
+        """The prefix `key` is being stored: forget its promise, whichever requests here
+        made it (the writer thread ends it in the index once the entry is written);
+        whether there was one."""
+        holders = self._holders.pop(key, set())
+        for request_id in holders:
+            keys = self._promised[request_id]
+            keys.discard(key)
+            if not keys:
+                del self._promised[request_id]
+        return bool(holders)
+
+    def _let_go(self, key: str, request_id: str) -> None:
+        holders = self._holders.get(key)
+        if holders is not None:
+            holders.discard(request_id)
+            if not holders:
+                del self._holders[key]
 
     def _withdraw_all(self, reader: DiskStore) -> None:
         """Stopping: promises not kept yet are withdrawn (what is queued is still written)."""
-        keys = sorted(self._promise_of)
+        keys = sorted(self._holders)
         self._promised.clear()
-        self._promise_of.clear()
+        self._holders.clear()
         if keys:
             self._call_index(reader.withdraw, keys, owner=self._owner)
 

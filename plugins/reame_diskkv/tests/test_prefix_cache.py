@@ -340,3 +340,27 @@ def test_an_engine_behind_a_prefix_another_is_computing_waits_and_restores_it(
     assert second.engine.stats.prefill_tokens == len(other) - system_length(other)
     assert tokens_of(behind) == second.reference(other)
     assert tokens_of(done[0]) == first.reference(prompt)
+
+
+def test_a_prefix_two_requests_promised_stays_promised_until_both_let_go(
+    start_cache: StartCache,
+) -> None:
+    here, elsewhere = start_cache(), start_cache()
+    prompt = here.chat(QUESTION)
+    point = system_length(prompt)
+    model = here.backend.info
+
+    def seen() -> int | None:
+        return elsewhere.cache.reame_prefix_pending(tokens=prompt, have=0, model=model)
+
+    for request_id in ("one", "two"):
+        here.cache.reame_prefix_computing(
+            tokens=prompt, points=[point], model=model, request_id=request_id
+        )
+    here.cache.reame_prefix_computing(tokens=prompt, points=[], model=model, request_id="one")
+    still = seen()
+    here.cache.reame_prefix_computing(tokens=prompt, points=[], model=model, request_id="two")
+
+    assert still == point
+    assert seen() is None
+    assert here.stats()["promises_made"] == 2
