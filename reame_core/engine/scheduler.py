@@ -278,7 +278,6 @@ class Scheduler:
             )
         except Exception:
             log.exception("reame_prefix_computing failed; going on without the promise")
-        group.promised = bool(group.store_points)
 
     def _promised_elsewhere(self, prompt: Seq[int], have: int, limit: int) -> int | None:
         """The longest prefix of `prompt` beyond `have` (at most `limit`) another process
@@ -292,8 +291,9 @@ class Scheduler:
 
     def _withdraw(self, group: RequestGroup) -> None:
         """The request has ended with prefixes it said it would store unstored: other
-        processes waiting for them stop waiting."""
-        if group.promised and group.store_points:
+        processes waiting for them stop waiting. (Store points left are points announced:
+        a request announces them as it starts, and again whenever it drops some.)"""
+        if group.store_points:
             group.store_points = []
             self._announce(group)
 
@@ -546,7 +546,7 @@ class Scheduler:
         while points and points[0] - start < 2:
             points.pop(0)  # too close to snapshot there without a one-token chunk
             dropped = True
-        if dropped and seq.group.promised:
+        if dropped:
             self._announce(seq.group)
         if points and points[0] < end:
             end = points[0]

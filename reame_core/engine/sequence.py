@@ -151,7 +151,6 @@ class RequestGroup:
     sequences: list[Candidate] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
     store_points: list[int] = field(default_factory=list)
-    promised: bool = False  # store points announced to the plugins (`reame_prefix_computing`)
     prefill_started: float = 0.0
     prefill_done: float = 0.0
     cancelled: bool = False
