@@ -9,12 +9,18 @@ random record (hits), and 64 fresh random tokens (misses). Lookup time is the wh
 `draft` call on the engine thread's path (the plugin converts the sequence's tail to an
 array beforehand: measured separately as `tail_us`).
 
+With --growth: what adding records costs the archive's thread, which builds the indexes
+beside decoding (reame_palimpsest/archivist.py). One finished generation (300 tokens) into
+`fresh` of each size: built anew over all its records against `ArchiveIndex.extended`;
+and a full `fresh` (FRESH_TOKENS) into `main` of each size: built anew against merged.
+Medians of --growth-reps.
+
 The suffix array is built over the reversed token stream (prefix doubling with numpy) and
 searched with Python's bisect for the longest suffix of the query and the range of its
 occurrences; its figure leaves out the continuation tree, so it is a lower bound of a
 suffix-array lookup.
 
-    .venv/bin/python benchmarks/palimpsest_lookup.py [--sizes 1000000 4000000]
+    .venv/bin/python benchmarks/palimpsest_lookup.py [--sizes 1000000 4000000] [--growth]
 """
 
 from __future__ import annotations
@@ -85,6 +91,44 @@ def tail_conversion_us(count: int = 2000) -> float:
     for _ in range(count):
         np.array(output[len(output) - MAX_MATCH :], dtype=np.uint32)
     return round(1e6 * (time.perf_counter() - started) / count, 2)
+
+
+def time_growth(fresh_sizes: list[int], main_sizes: list[int], reps: int) -> dict[str, Any]:
+    """Milliseconds to bring the indexes up to date after records arrive: built anew
+    against extended (see the module docstring)."""
+    from reame_palimpsest.archivist import FRESH_TOKENS
+
+    def median_ms(build: Any, records: list[np.ndarray]) -> float:
+        times = []
+        for _ in range(reps):
+            started = time.perf_counter()
+            build(records)
+            times.append(time.perf_counter() - started)
+        return round(1000 * statistics.median(times), 2)
+
+    generation = [synthetic_records(300, seed=7)[0][:300]]
+    fresh: dict[str, Any] = {}
+    for size in fresh_sizes:
+        records = synthetic_records(size, seed=2)
+        index = ArchiveIndex(records)
+        fresh[str(index.n_tokens)] = {
+            "anew_ms": median_ms(ArchiveIndex, records + generation),
+            "extended_ms": median_ms(index.extended, generation),
+        }
+        print("fresh", index.n_tokens, fresh[str(index.n_tokens)], flush=True)
+    merge: dict[str, Any] = {}
+    full = synthetic_records(FRESH_TOKENS, seed=3)
+    for size in main_sizes:
+        records = synthetic_records(size, seed=4)
+        index = ArchiveIndex(records)
+        merge[str(index.n_tokens)] = {
+            "anew_s": round(median_ms(ArchiveIndex, records + full) / 1000, 3),
+            "merged_s": round(median_ms(index.extended, full) / 1000, 3),
+        }
+        print("main", index.n_tokens, merge[str(index.n_tokens)], flush=True)
+        del index
+    return {"record_tokens": 300, "fresh_tokens": FRESH_TOKENS, "reps": reps,
+            "into_fresh": fresh, "fresh_into_main": merge}  # fmt: skip
 
 
 # ------------------------------------------------------------------ suffix array
@@ -162,6 +206,8 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=2000)
     parser.add_argument("--suffix-array-size", type=int, default=1_000_000)
     parser.add_argument("--name", default="palimpsest_lookup")
+    parser.add_argument("--growth", action="store_true")
+    parser.add_argument("--growth-reps", type=int, default=5)
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).parent))
     from common import write_report
@@ -192,6 +238,10 @@ def main() -> None:
             **time_suffix_array(records, tails),
         }
         print("suffix array", report["suffix_array"], flush=True)
+    if args.growth:
+        report["growth"] = time_growth(
+            [4_000, 16_000, 65_000], [1_000_000, 4_000_000], args.growth_reps
+        )
     report["command"] = " ".join(["python", "benchmarks/palimpsest_lookup.py", *sys.argv[1:]])
     print(f"written to {write_report(args.name, report)}")
 

@@ -47,6 +47,7 @@ in, so the engine thread reads without locks.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -70,6 +71,7 @@ KINDS = (
 )
 MAX_DRAFT = 64  # tokens a draft may have
 CANDIDATES = 64  # most recent occurrences of a k-gram compared
+_PADDING = np.full(max(MAX_MATCH, MAX_DRAFT), SEPARATOR, dtype=np.uint32)  # around the records
 _MUL = np.uint64(0x100000001B3)  # FNV-1a's 64-bit prime
 _MASK = (1 << 64) - 1
 _POWERS = [pow(int(_MUL), j, 1 << 64) for j in range(MAX_MATCH + 1)]
@@ -95,15 +97,31 @@ class ArchiveIndex:
     """The records given, oldest first, searchable; see the module docstring."""
 
     def __init__(self, records: Sequence[np.ndarray], anchors: Sequence[int] = ANCHORS) -> None:
-        pad = np.full(max(MAX_MATCH, MAX_DRAFT), SEPARATOR, dtype=np.uint32)
-        parts: list[np.ndarray] = [pad]
-        for record in records:
-            parts += [np.asarray(record, dtype=np.uint32), pad[:1]]
-        parts.append(pad)
-        self.tokens = np.concatenate(parts)
+        self.tokens = np.concatenate((_PADDING, _laid_out(records)))
         self.n_tokens = int(sum(len(r) for r in records))
         self.anchors = tuple(sorted(anchors, reverse=True))
         self._tables = [_table(self.tokens, k) for k in self.anchors]
+
+    def extended(self, records: Sequence[np.ndarray]) -> ArchiveIndex:
+        """A new index: this one's records, then `records` (newer). Equal to one built
+        from all of them, in about the time it takes to copy this one: only the new
+        k-grams are hashed and sorted, then merged into each table (after the old ones of
+        the same hash: they are its most recent occurrences)."""
+        if not records:
+            return self
+        base = len(self.tokens) - len(_PADDING)  # the new records go where the padding was
+        added = _laid_out(records)
+        grown = copy.copy(self)
+        grown.tokens = np.concatenate((self.tokens[:base], added))
+        grown.n_tokens = self.n_tokens + int(sum(len(r) for r in records))
+        grown._tables = []
+        for (keys, ends), k in zip(self._tables, self.anchors, strict=True):
+            new_keys, new_ends = _table(added, k)  # no k-gram spans the separator before
+            at = keys.searchsorted(new_keys, side="right")
+            grown._tables.append(
+                (np.insert(keys, at, new_keys), np.insert(ends, at, new_ends + base))
+            )
+        return grown
 
     @property
     def nbytes(self) -> int:
@@ -263,6 +281,15 @@ def suffix_hashes(tail: np.ndarray, longest: int) -> list[int]:
         h = (h + (token + 1) * _POWERS[j]) & _MASK
         hashes.append(h)
     return hashes
+
+
+def _laid_out(records: Sequence[np.ndarray]) -> np.ndarray:
+    """The records end to end, a SEPARATOR after each, then `_PADDING` (reads past the
+    last record's end stay in the array)."""
+    parts: list[np.ndarray] = []
+    for record in records:
+        parts += [np.asarray(record, dtype=np.uint32), _PADDING[:1]]
+    return np.concatenate((*parts, _PADDING))
 
 
 def _table(tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -290,3 +291,45 @@ def test_kinds_of_draft_follow_the_length_of_the_match() -> None:
         "match 1", "match 2", "match 3-7", "match 3-7",
         "match 8-15", "match 8-15", "match 16+", "match 16+",
     ]  # fmt: skip
+
+
+def same_index(a: ArchiveIndex, b: ArchiveIndex) -> bool:
+    """Token for token and entry for entry the same index."""
+    tables = zip(a._tables, b._tables, strict=True)
+    return (
+        np.array_equal(a.tokens, b.tokens)
+        and a.n_tokens == b.n_tokens
+        and a.anchors == b.anchors
+        and all(
+            np.array_equal(x, y) and x.dtype == y.dtype
+            for t, u in tables
+            for x, y in zip(t, u, strict=True)
+        )
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    records=records_strategy,
+    cuts=st.lists(st.integers(0, 12), max_size=3),
+    anchors=st.sampled_from([ANCHORS, (3,), (8, 3, 1), (24, 8, 5)]),
+    tail=tail_strategy,
+)
+def test_an_extended_index_is_the_index_of_all_its_records(
+    records: list[list[int]], cuts: list[int], anchors: tuple[int, ...], tail: list[int]
+) -> None:
+    arrays = [np.array(r, dtype=np.uint32) for r in records]
+    bounds = [0, *sorted(min(c, len(arrays)) for c in cuts), len(arrays)]
+    grown = ArchiveIndex(arrays[: bounds[1]], anchors)
+    for start, end in itertools.pairwise(bounds[1:]):
+        grown = grown.extended(arrays[start:end])
+    whole = ArchiveIndex(arrays, anchors)
+    assert same_index(grown, whole)
+    query = np.array(tail, dtype=np.uint32)
+    options = {"factor": 2.0, "min_share": 0.1, "min_backing": 0.4}
+    assert lookup(query, [grown], 16, **options) == lookup(query, [whole], 16, **options)
+
+
+def test_extending_by_nothing_keeps_the_index() -> None:
+    index = ArchiveIndex([np.array([1, 2, 3], dtype=np.uint32)])
+    assert index.extended([]) is index
