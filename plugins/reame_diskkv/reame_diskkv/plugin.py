@@ -218,8 +218,8 @@ class DiskPrefixCache:
         promised = self._end_promise(snapshot.key)
         if not self._writer.submit(snapshot):
             self._read_counters.snapshots_dropped += 1
-            if promised and self._reader is not None:
-                self._call_index(self._reader.fulfil, snapshot.key)
+            if promised and self._reader is not None:  # another's promise of it stands
+                self._call_index(self._reader.withdraw, [snapshot.key], owner=self._owner)
 
     @hookimpl
     def reame_prefix_computing(

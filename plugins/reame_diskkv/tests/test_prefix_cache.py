@@ -364,3 +364,27 @@ def test_a_prefix_two_requests_promised_stays_promised_until_both_let_go(
     assert still == point
     assert seen() is None
     assert here.stats()["promises_made"] == 2
+
+
+def test_a_prefix_the_writer_refuses_is_no_longer_promised_by_this_process_only(
+    start_cache: StartCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    here, elsewhere, third = start_cache(), start_cache(), start_cache()
+    prompt = here.chat(QUESTION)
+    point = system_length(prompt)
+    model = here.backend.info
+    for running in (here, elsewhere):
+        running.cache.reame_prefix_computing(
+            tokens=prompt, points=[point], model=model, request_id="one"
+        )
+    assert here.cache._writer is not None
+    monkeypatch.setattr(here.cache._writer, "submit", lambda snapshot: False)
+
+    here.cache.reame_prefix_store(tokens=prompt[:point], state=b"state", model=model)
+
+    assert here.stats()["snapshots_dropped"] == 1
+    # Its own promise is gone: it waits for `elsewhere`, which is still computing it.
+    assert here.cache.reame_prefix_pending(tokens=prompt, have=0, model=model) == point
+    assert third.cache.reame_prefix_pending(tokens=prompt, have=0, model=model) == point
+    elsewhere.cache.reame_prefix_computing(tokens=prompt, points=[], model=model, request_id="one")
+    assert third.cache.reame_prefix_pending(tokens=prompt, have=0, model=model) is None
