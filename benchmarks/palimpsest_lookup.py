@@ -9,6 +9,11 @@ random record (hits), and 64 fresh random tokens (misses). Lookup time is the wh
 `draft` call on the engine thread's path (the plugin converts the sequence's tail to an
 array beforehand: measured separately as `tail_us`).
 
+With --cold MB: the hits and misses again on the first size, each after reading MB
+megabytes through the caches (SmolLM2-135M's weights are about 100 MB): in the engine a
+lookup follows a decode, which has evicted the lookup's code and data from the core's
+caches.
+
 With --growth: what adding records costs the archive's thread, which builds the indexes
 beside decoding (reame_palimpsest/archivist.py). One finished generation (300 tokens) into
 `fresh` of each size: built anew over all its records against `ArchiveIndex.extended`;
@@ -20,7 +25,8 @@ searched with Python's bisect for the longest suffix of the query and the range 
 occurrences; its figure leaves out the continuation tree, so it is a lower bound of a
 suffix-array lookup.
 
-    .venv/bin/python benchmarks/palimpsest_lookup.py [--sizes 1000000 4000000] [--growth]
+    .venv/bin/python benchmarks/palimpsest_lookup.py [--sizes 1000000 4000000] [--cold 100]
+        [--growth]
 """
 
 from __future__ import annotations
@@ -68,9 +74,15 @@ def queries(records: list[np.ndarray], count: int, seed: int = 1) -> dict[str, l
     return {"hit": hits, "miss": misses}
 
 
-def time_lookups(index: ArchiveIndex, tails: list[np.ndarray]) -> dict[str, float]:
+def time_lookups(
+    index: ArchiveIndex, tails: list[np.ndarray], flush: np.ndarray | None = None
+) -> dict[str, float]:
+    """Each lookup timed alone; with `flush`, after reading that array through (as a
+    decode reads the model's weights just before the engine thread looks up a draft)."""
     times, lengths = [], []
     for tail in tails:
+        if flush is not None:
+            flush.sum()
         started = time.perf_counter()
         drafted = lookup(tail, [index], 32, factor=1.0, min_share=0.1).tokens
         times.append(time.perf_counter() - started)
@@ -206,6 +218,7 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=2000)
     parser.add_argument("--suffix-array-size", type=int, default=1_000_000)
     parser.add_argument("--name", default="palimpsest_lookup")
+    parser.add_argument("--cold", type=int, default=0, metavar="MB")
     parser.add_argument("--growth", action="store_true")
     parser.add_argument("--growth-reps", type=int, default=5)
     args = parser.parse_args()
@@ -227,6 +240,11 @@ def main() -> None:
         }
         for kind, kind_tails in tails.items():
             row[kind] = time_lookups(index, kind_tails)
+        if args.cold and size == args.sizes[0]:
+            flush = np.ones(args.cold << 17)  # float64: 8 bytes each
+            for kind, kind_tails in tails.items():
+                row[f"{kind}_cold"] = time_lookups(index, kind_tails[:500], flush)
+            row["cold_mb"] = args.cold
         report["sizes"][str(size)] = row
         print(size, row, flush=True)
         del index
