@@ -12,10 +12,12 @@ last full build, and `fresh` over those since, extended whenever records arrive
 `FRESH_TOKENS` tokens on the Intel host, where building `fresh` anew took 24 ms:
 benchmarks/palimpsest_lookup.py --growth). When `fresh` outgrows that, it is merged into
 `main` the same way (0.14 s into 4M tokens, against 2.9 s anew), and `fresh` starts empty.
-Only when a segment vanished (evicted or purged: its records must go) or the records
-outgrow `memory_tokens` is `main` built anew, from the newest records up to that. The
-thread runs at a lower CPU priority than decoding. At start only the newest segments are
-read, enough for `memory_tokens`.
+Only when records of `main` vanished (their segment evicted or purged: they must go) or
+the records outgrow `memory_tokens` is `main` built anew, from the newest records: three
+quarters of `memory_tokens` in the second case (`REBUILT_SHARE`), so that many fills of
+`fresh` merge before the next. Where only records of `fresh` vanished, `fresh` is built
+anew. The thread runs at a lower CPU priority than decoding. At start only the newest
+segments are read, enough for `memory_tokens`.
 
 Every failure is counted and the thread lives on: a failed append (disk full) pauses
 recording for `retry_after_s`, and is logged once; reading and drafting go on.
@@ -45,7 +47,10 @@ log = structlog.get_logger(__name__)
 
 THREAD_NICENESS = 10
 MAX_PENDING_RECORDS = 1024
-FRESH_TOKENS = 65_536  # `fresh` holds at most this many tokens before a full build
+FRESH_TOKENS = 65_536  # `fresh` holds at most this many tokens before it joins `main`
+# Building `main` anew because the records outgrew `memory_tokens` keeps this share of it,
+# so that `fresh` joins it by merging many times before it must be built anew again.
+REBUILT_SHARE = 0.75
 
 
 @dataclass
@@ -238,10 +243,12 @@ class Archivist:
             return False
         vanished |= self._own_vanished()
         if vanished:
-            kept = [(n, r) for n, r in self._records[: self._main_count] if n not in vanished]
-            fresh = [(n, r) for n, r in self._records[self._main_count :] if n not in vanished]
-            self._records = kept + fresh
-            self._main_count = -1  # `main` holds records that are gone: build it again
+            covered = max(0, self._main_count)
+            if any(n in vanished for n, _ in self._records[:covered]):
+                self._main_count = -1  # `main` holds records that are gone: build it again
+            elif any(n in vanished for n, _ in self._records[covered:]):
+                self._fresh_count = 0  # `fresh` does: build it anew from the rest
+            self._records = [(n, r) for n, r in self._records if n not in vanished]
         self._records += found
         return bool(found or vanished)
 
@@ -256,11 +263,12 @@ class Archivist:
         return sum(len(r.tokens) for _, r in self._records[self._main_count :]) > FRESH_TOKENS
 
     def _build(self, *, full: bool) -> None:
-        """Bring the indexes up to `_records`: the new records into `fresh`, or (`full`)
-        everything since `main` into it, or `main` anew where it must be."""
+        """Bring the indexes up to `_records`: the new records into `fresh` (built anew
+        where it covers none of them), or (`full`) every record since `main` into `main`,
+        or `main` anew where it must be."""
         since = self._records[self._main_count :] if self._main_count >= 0 else []
         if not full:
-            fresh = self.indexes[1] if len(self.indexes) > 1 else None
+            fresh = self.indexes[1] if len(self.indexes) > 1 and self._fresh_count else None
             new = [r.tokens for _, r in since[self._fresh_count :]]
             grown = fresh.extended(new) if fresh is not None else ArchiveIndex(new, self.anchors)
             self.indexes = (*self.indexes[:1], grown)
@@ -272,7 +280,12 @@ class Archivist:
             self.counters.merges += 1
         else:
             started = time.perf_counter()
-            self._records = _newest_within(self._records, self.memory_tokens)
+            keep = (
+                self.memory_tokens
+                if total <= self.memory_tokens
+                else int(REBUILT_SHARE * self.memory_tokens)
+            )
+            self._records = _newest_within(self._records, keep)
             main = ArchiveIndex([r.tokens for _, r in self._records], self.anchors)
             self.counters.builds += 1
             self.counters.build_seconds = time.perf_counter() - started

@@ -76,10 +76,48 @@ def test_records_beyond_the_memory_build_main_anew_from_the_newest(
         for record in written:
             assert archivist.submit(record, 0) and archivist.flush()
         # The third outgrew `fresh` within the memory (120 tokens): merged. The sixth
-        # outgrew it again, and all six (240) outgrow the memory: the newest three.
+        # outgrew it again, and all six (240) outgrow the memory: built anew from the
+        # newest within three quarters of it (112 tokens: two), room for the next merges.
         assert archivist.counters.merges == 1
         assert archivist.counters.builds == 2
         assert len(archivist.indexes) == 1
-        assert same_index(archivist.indexes[0], ArchiveIndex(written[3:]))
+        assert same_index(archivist.indexes[0], ArchiveIndex(written[4:]))
+    finally:
+        archivist.close()
+
+
+def test_a_vanished_segment_rebuilds_only_the_index_that_held_its_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(archivist_module, "FRESH_TOKENS", 100)
+    archivist = Archivist(
+        tmp_path,
+        lambda: [b"a", b"b", b"c"],
+        budget=1 << 30,
+        memory_tokens=1_000_000,
+        segment_bytes=1,  # a segment per record
+        poll_seconds=3600,
+        anchors=ANCHORS,
+    )
+    try:
+        assert archivist.ready.wait(30)
+        written = records(5)
+        names = []
+        for record in written:
+            assert archivist.submit(record, 0) and archivist.flush()
+            names.append(archivist._records[-1][0])
+        # `main`: the first three (merged); `fresh`: the last two.
+        main = archivist.indexes[0]
+        assert archivist.directory is not None
+        (archivist.directory.path / names[4]).unlink()
+        assert archivist.flush()
+        assert archivist.indexes[0] is main and archivist.counters.builds == 1
+        assert same_index(archivist.indexes[1], ArchiveIndex([written[3]]))
+
+        (archivist.directory.path / names[1]).unlink()
+        assert archivist.flush()
+        assert archivist.counters.builds == 2
+        left = [written[0], written[2], written[3]]
+        assert same_index(archivist.indexes[0], ArchiveIndex(left))
     finally:
         archivist.close()
