@@ -235,12 +235,14 @@ class Scheduler:
         group.usage.prompt_tokens = len(prompt)
         group.usage.cached_tokens = len(slot.tokens)
         self.stats.prompt_tokens += len(prompt)
-        self.stats.reused_tokens += 0 if restored else held
-        self.stats.restored_tokens += len(slot.tokens) if restored else 0
+        if restored:  # the restored state replaced what the slot held
+            self.stats.restored_tokens += len(slot.tokens)
+        else:
+            self.stats.reused_tokens += held
         have = len(slot.tokens)
         first = group.sequences[0]
         in_flight = self._prefix_in_flight(group, prompt, limit, have)
-        promised = None if in_flight else self._promised_elsewhere(prompt, have, limit)
+        promised = None if in_flight is not None else self._promised_elsewhere(prompt, have, limit)
         if in_flight is not None:
             first.leader, first.leader_prefix = in_flight
             first.phase = Phase.AWAITING_PREFIX
