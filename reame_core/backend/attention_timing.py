@@ -5,12 +5,14 @@ whatever its batch: flash attention with q8_0 keys, and no flash attention with 
 and values. Which one is faster depends on the CPU and on the model. On the Intel Xeon with
 AMX, SmolLM2-135M computed prompts 2.4x as fast without flash attention, where
 Qwen2.5-Coder-1.5B computed them 1.1x as fast and decoded eight streams at 0.76x
-(docs/BENCHMARKS.md, "What determinism costs"). So every model is timed: the build check
-times the model it loads (its verdict's `timing`), and any other model is timed by the same
-child (`probe_child --time-attention`) the first time it runs on this build and CPU. That
-timing is kept beside the verdict, under the model file's name and size. The same child
-checks that without flash attention a lone row gets the logits it gets inside a chunk: on
-that Xeon it did not (from 256 cached cells on), and the plan then keeps flash attention.
+(docs/BENCHMARKS.md, "What determinism costs"). So on a build without the row-exact path
+(a stock llama.cpp) every model is timed: the build check times the model it loads (its
+verdict's `timing`), and any other model is timed by the same child (`probe_child
+--time-attention`) the first time it runs on this build and CPU. That timing is kept beside
+the verdict, under the model file's name and size. The same child checks that without flash
+attention a lone row gets the logits it gets inside a chunk: on that Xeon it did not (from
+256 cached cells on), and the plan then keeps flash attention. Where the build check found
+the row-exact path, the plan takes it for every model and no model is timed.
 """
 
 from __future__ import annotations
@@ -83,6 +85,10 @@ def time_attention(
     known = cached_timing(cache_dir, verdict, model)
     if known is not None or not verdict.runs:
         return known
+    if verdict.attention.row_exact_flash:
+        return verdict.timing  # a path of the build: the plan takes it for any model
+    if not verdict.settled:
+        return None  # the build's own check did not finish: both are taken at the next start
     log.info("timing attention for this model (once per model, build and CPU)", model=model.name)
     launch = launch or probe.child_command(model, time_attention=True)
     load = verdict.use_extra_bufts

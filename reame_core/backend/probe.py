@@ -9,12 +9,12 @@ weight buffer types (`use_extra_bufts=False`: no AMX, but no CPU_REPACK either);
 loads that way, or, when nothing works, stops with one message that says what happened and
 how to fix it.
 
-Once the build decodes, a second child times a short prompt in both deterministic attention
-configurations of a stock build (flash attention with q8_0 keys, and without it), whose
-speeds differ from CPU to CPU, with OpenMP set as the server runs it, and checks whether
-flash attention with f16 keys computes a lone row exactly (the row-exact path Reame's build
-is patched with). The host plan takes the row-exact path where it is, the faster of the
-other two where not (`attention_facts`).
+Once the build decodes, a second child checks whether flash attention with f16 keys
+computes a lone row exactly (the row-exact path Reame's build is patched with); the host
+plan takes that path where it is. Only where it is not, a third times a short prompt in
+both deterministic attention configurations of a stock build (flash attention with q8_0
+keys, and without it), whose speeds differ from CPU to CPU, with OpenMP set as the server
+runs it, and the plan takes the faster (`attention_facts`).
 
 The verdict is cached in Reame's cache dir, keyed by the llama.cpp library files and the CPU
 (model, flags, kernel), so the check runs once per build and CPU. Verdicts that may depend
@@ -46,7 +46,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reame_core.autoconfig.plan import UNTIMED, AttentionFacts
-from reame_core.backend.probe_child import MARK
+from reame_core.backend.probe_child import MARK, ROW_EXACT_ONLY
 from reame_core.errors import BuildCannotRunError, ModelLoadError
 from reame_core.settings import Settings
 
@@ -163,8 +163,11 @@ class BuildVerdict(BaseModel):
         a kill from outside may come from the moment (a busy host, a missing file, memory),
         so those are checked again."""
         decided = all(attempt.ok or attempt.signal in _CRASHES for attempt in self.attempts)
-        # A timing that did not finish is taken again at the next start, like a hang.
-        return decided and (not self.runs or self.attention.prompt_gain_without_flash is not None)
+        # A timing that did not finish is taken again at the next start, like a hang; the
+        # row-exact path, once found, needs none.
+        attention = self.attention
+        timed = attention.row_exact_flash or attention.prompt_gain_without_flash is not None
+        return decided and (not self.runs or timed)
 
     def fact(self, name: str) -> Any:
         """A fact a child reported (the last attempt's that has it)."""
@@ -377,6 +380,18 @@ def run_attempt(
     return ProbeAttempt(outcome="failed", error=error, facts=facts, **fields)
 
 
+def attention_attempt(timing: Launch, extra_bufts: bool, timeout: float) -> ProbeAttempt:
+    """The timing child's facts: first whether the build has the row-exact path (checked
+    with OpenMP's threads sleeping when idle, so that a busy neighbour slows the check down
+    rather than stalls it; the plan then takes that path and nothing needs timing), and only
+    where it does not, a timing with OpenMP as the server runs it."""
+    check = [*timing(extra_bufts), ROW_EXACT_ONLY]
+    found = run_attempt(check, extra_bufts=extra_bufts, timeout=timeout)
+    if found.outcome != "ok" or attention_facts(found).row_exact_flash:
+        return found
+    return run_attempt(timing(extra_bufts), extra_bufts=extra_bufts, timeout=timeout, passive=False)
+
+
 def _reports(out: str) -> dict[str, Any]:
     facts: dict[str, Any] = {}
     for line in out.splitlines():
@@ -474,8 +489,7 @@ def check_build(
     )
     if verdict.runs:  # time attention the way models will load
         timing = timing or child_command(model, time_attention=True)
-        load = verdict.use_extra_bufts
-        timed = run_attempt(timing(load), extra_bufts=load, timeout=timeout, passive=False)
+        timed = attention_attempt(timing, verdict.use_extra_bufts, timeout)
         verdict = verdict.model_copy(update={"timing": timed})
     if verdict.settled:
         write_atomically(verdict_path(cache_dir, subject), verdict.model_dump_json(indent=1))

@@ -7,10 +7,12 @@ reports each step on stdout as it reaches it (one JSON object a line after `MARK
 and the parent knows how far it got however it ends. It imports nothing of Reame's beyond
 this module and stays small: the first start on a new build or CPU waits for it.
 
-With ``--time-attention`` (a second child, once the build is known to decode, run with the
-OpenMP settings the server itself runs with) it times a prompt in both deterministic
-attention configurations instead, and checks which configurations compute a lone row as
-they compute it inside a chunk.
+With ``--time-attention --row-exact-only`` (once the build is known to decode) it checks
+instead whether flash attention with f16 keys computes a lone row as it computes it inside a
+chunk (the row-exact path of Reame's build). With ``--time-attention`` alone (only where
+that path is missing; run with the OpenMP settings the server itself runs with) it times a
+prompt in both deterministic attention configurations of a stock build, and checks whether
+without flash attention a lone row is computed as inside a chunk.
 """
 
 from __future__ import annotations
@@ -54,9 +56,10 @@ ATTENTION = {
     "flash_q8_0_keys": ("LLAMA_FLASH_ATTN_TYPE_ENABLED", "GGML_TYPE_Q8_0"),
     "no_flash_f16": ("LLAMA_FLASH_ATTN_TYPE_DISABLED", "GGML_TYPE_F16"),
 }
-# Checked for a lone row only: flash attention with f16 keys is exact on builds with the
-# row-exact path, and then the plan takes it without timing it (it is the tiled kernel).
+# Checked for a lone row only (`ROW_EXACT_ONLY`): flash attention with f16 keys is exact on
+# builds with the row-exact path, and then the plan takes it without timing anything.
 FLASH_F16 = ("LLAMA_FLASH_ATTN_TYPE_ENABLED", "GGML_TYPE_F16")
+ROW_EXACT_ONLY = "--row-exact-only"
 PREFILL = 256
 CHUNK = 128  # Settings.prefill_chunk's default
 ROUNDS = 2
@@ -201,6 +204,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="instead of decoding, time a prompt in each deterministic attention configuration",
     )
+    parser.add_argument(
+        ROW_EXACT_ONLY,
+        action="store_true",
+        help="with --time-attention: only check for the row-exact attention path",
+    )
     args = parser.parse_args(argv)
     _no_core_dumps()
     os.environ.setdefault(ROW_EXACT_ENV, "1")
@@ -244,10 +252,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         llama_cpp.llama_free(ctx)
         say(stage="attention")
         tokens = list(prompt[:n_prompt])
-        say(prefill_seconds=_prefill_seconds(llama_cpp, model, tokens))
-        plain = ATTENTION["no_flash_f16"]
-        say(one_row_exact_without_flash=_one_row_exact(llama_cpp, model, tokens, plain))
-        say(one_row_exact_flash_f16=_one_row_exact(llama_cpp, model, tokens, FLASH_F16))
+        if args.row_exact_only:
+            say(one_row_exact_flash_f16=_one_row_exact(llama_cpp, model, tokens, FLASH_F16))
+        else:
+            say(prefill_seconds=_prefill_seconds(llama_cpp, model, tokens))
+            plain = ATTENTION["no_flash_f16"]
+            say(one_row_exact_without_flash=_one_row_exact(llama_cpp, model, tokens, plain))
         llama_cpp.llama_model_free(model)
         return 0
 

@@ -104,24 +104,29 @@ def _verdict_lines(verdict: BuildVerdict) -> list[str]:
 
 
 def _attention_lines(verdict: BuildVerdict, settings: Settings) -> list[str]:
-    """The check's timing of the two deterministic attention configurations with its model,
-    and which one the host plan takes for that model with these settings
+    """Whether the build has the row-exact attention path (then the host plan takes it for
+    every model), else the check's timing of the two deterministic attention configurations
+    with its model and which one the host plan takes for that model with these settings
     (every other model is timed the first time it runs: `attention_timing`)."""
     attention = verdict.attention
+    choice = "on" if flash_attn_choice(settings, attention).value else "off"
+    if attention.row_exact_flash:
+        return [
+            _row("attention", f"row-exact flash attention (f16 keys): found; flash attention "
+                              f"{choice}, for every model (nothing to time)"),
+        ]  # fmt: skip
     if attention.prompt_gain_without_flash is None:
         return []
     assert verdict.timing is not None
     seconds = verdict.timing.facts["prefill_seconds"]
     flash, plain = seconds["flash_q8_0_keys"], seconds["no_flash_f16"]
-    choice = "on" if flash_attn_choice(settings, attention).value else "off"
     lone_row = "exact" if attention.exact_without_flash else "not exact"
-    rows = "found" if attention.row_exact_flash else "not found (a stock llama.cpp build)"
     return [
         _row("attention", f"a {PREFILL}-token prompt: {flash:.2f} s with flash attention and "
                           f"q8_0 keys, {plain:.2f} s without (a lone row "
                           f"{lone_row} without it); flash attention {choice} for "
                           f"{Path(verdict.model).name} (each model is timed on its first run)"),
-        _row("", f"row-exact flash attention (f16 keys): {rows}"),
+        _row("", "row-exact flash attention (f16 keys): not found (a stock llama.cpp build)"),
     ]  # fmt: skip
 
 

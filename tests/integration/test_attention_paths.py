@@ -25,7 +25,7 @@ import pytest
 
 from reame_core.backend.base import Batch
 from reame_core.backend.llama import LlamaBackend
-from reame_core.backend.probe import BuildVerdict
+from reame_core.backend.probe import BuildVerdict, attention_facts, child_command, run_attempt
 from reame_core.backend.probe_child import ROW_EXACT_ENV
 from reame_core.models.shape import KVType, stable_attention
 from reame_core.runtime import planned_backend
@@ -84,9 +84,13 @@ def load(
     )
 
 
-def test_the_build_check_knows_whether_a_lone_row_is_exact_without_flash_attention(
-    smollm2_path: Path, use_extra_bufts: bool, build_check: BuildVerdict
+def test_the_timing_child_knows_whether_a_lone_row_is_exact_without_flash_attention(
+    smollm2_path: Path, use_extra_bufts: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Asked where the build lacks the row-exact path (switched off here, as a stock build)."""
+    monkeypatch.setenv(ROW_EXACT_ENV, "0")
+    launch = child_command(smollm2_path, time_attention=True)
+    timing = run_attempt(launch(use_extra_bufts), extra_bufts=use_extra_bufts, timeout=300)
     plain = load(smollm2_path, use_extra_bufts, None, flash_attn=False)
     try:
         tokens = tokens_for(plain, 300)
@@ -94,7 +98,8 @@ def test_the_build_check_knows_whether_a_lone_row_is_exact_without_flash_attenti
         alone = logits_in_chunks(plain, tokens, [299, 1])[-1]
     finally:
         plain.close()
-    assert build_check.attention.exact_without_flash == bool(np.array_equal(whole, alone))
+    assert timing.outcome == "ok", timing.describe()
+    assert attention_facts(timing).exact_without_flash == bool(np.array_equal(whole, alone))
 
 
 def test_the_build_check_finds_the_row_exact_path_in_reames_build(

@@ -26,19 +26,30 @@ DECODES = _REPORT + textwrap.dedent("""
     say(stage="decode")
     say(stage="done", tokens=[11, 12, 13, 14])
 """)
-# Timing children (`--time-attention`): flash attention level with its absence, or 4x slower.
+# Timing children (`--time-attention`) of a build without the row-exact path (they say so
+# when asked with `--row-exact-only`): flash attention level with its absence, or 4x slower.
 TIMES_LEVEL = _REPORT + textwrap.dedent("""
+    import sys
     say(stage="import")
     say(stage="load")
     say(stage="attention")
+    if "--row-exact-only" in sys.argv:
+        say(one_row_exact_flash_f16=False)
+        raise SystemExit(0)
     say(prefill_seconds={"flash_q8_0_keys": 1.0, "no_flash_f16": 1.0})
     say(one_row_exact_without_flash=True)
 """)
 TIMES_FLASH_SLOW = TIMES_LEVEL.replace('"flash_q8_0_keys": 1.0', '"flash_q8_0_keys": 4.0')
 # ... and a row computed alone without flash attention differs from the row in a chunk.
 TIMES_FLASH_SLOW_INEXACT = TIMES_FLASH_SLOW.replace("=True)", "=False)")
-# ... and the build has the row-exact path: f16 flash attention computes a lone row exactly.
-TIMES_FLASH_SLOW_ROW_EXACT = TIMES_FLASH_SLOW + "say(one_row_exact_flash_f16=True)\n"
+# The build has the row-exact path: f16 flash attention computes a lone row exactly (asked
+# with `--row-exact-only`, the first question), and nothing is timed (the plan takes it).
+ROW_EXACT = _REPORT + textwrap.dedent("""
+    say(stage="import")
+    say(stage="load")
+    say(stage="attention")
+    say(one_row_exact_flash_f16=True)
+""")
 HANGS_TIMING_ATTENTION = _REPORT + textwrap.dedent("""
     import time
     say(stage="import")
@@ -98,6 +109,8 @@ class FakeChildren:
         return [sys.executable, "-c", self.scripts[extra_bufts]]
 
     def timing(self, extra_bufts: bool) -> list[str]:
+        """The timing child (asked first with `--row-exact-only` appended, then, where the
+        build lacks that path, without it: two entries in `timed`)."""
         self.timed.append(extra_bufts)
         return [sys.executable, "-c", self.timing_script]
 

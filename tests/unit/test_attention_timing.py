@@ -12,9 +12,9 @@ import pytest
 from fake_children import (
     DECODES,
     HANGS_TIMING_ATTENTION,
+    ROW_EXACT,
     TIMES_FLASH_SLOW,
     TIMES_FLASH_SLOW_INEXACT,
-    TIMES_FLASH_SLOW_ROW_EXACT,
     TIMES_LEVEL,
     FakeChildren,
     InstallChildren,
@@ -79,6 +79,17 @@ def test_another_model_is_timed_on_its_first_run_and_kept(
     assert gain(timed) == gain(kept) == 1.0
 
 
+def test_no_model_is_timed_on_a_build_with_the_row_exact_path(tmp_path: Path) -> None:
+    embedded, other = model_file(tmp_path, "embedded.gguf"), model_file(tmp_path, "q.gguf", 8)
+    check = FakeChildren(DECODES, timing=ROW_EXACT)
+    verdict = check_build(tmp_path, SUBJECT, embedded, launch=check, timing=check.timing)
+    children = FakeChildren(DECODES)
+
+    timing = time_attention(tmp_path, verdict, other, launch=children.timing)
+
+    assert children.timed == [] and attention_facts(timing).row_exact_flash
+
+
 def test_a_model_not_timed_yet_has_no_timing_for_config(
     tmp_path: Path, checked: BuildVerdict
 ) -> None:
@@ -129,7 +140,7 @@ def children(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> InstallChildren
         (TIMES_LEVEL, True),
         (TIMES_FLASH_SLOW, False),
         (TIMES_FLASH_SLOW_INEXACT, True),
-        (TIMES_FLASH_SLOW_ROW_EXACT, True),
+        (ROW_EXACT, True),
     ],
 )
 def test_the_plan_follows_the_models_own_timing(
@@ -158,7 +169,7 @@ def test_config_of_a_model_not_timed_yet_takes_the_builds_row_exact_path(
 ) -> None:
     """`reame config` never runs a child: a model without a timing of its own is planned
     with the row-exact path where the build check found it (a property of the build)."""
-    children(DECODES, timing=TIMES_FLASH_SLOW_ROW_EXACT)
+    children(DECODES, timing=ROW_EXACT)
     runtime.ensure_build_runs(Settings(cache_dir=tmp_path))
     out = io.StringIO()
 

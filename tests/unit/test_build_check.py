@@ -9,6 +9,7 @@ import io
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from fake_children import (
     HANGS_IN_DECODE,
     HANGS_TIMING_ATTENTION,
     KILLED_IN_LOAD,
+    ROW_EXACT,
     TIMES_FLASH_SLOW,
     FakeChildren,
     InstallChildren,
@@ -93,7 +95,7 @@ def test_once_the_build_decodes_attention_is_timed_the_way_models_will_load(
     children = FakeChildren(DIES_WITH_SIGILL_IN_DECODE, DECODES, timing=TIMES_FLASH_SLOW)
     verdict = check(children, tmp_path)
 
-    assert children.timed == [False]  # the load that decoded
+    assert children.timed == [False, False]  # the load that decoded: row-exact path, timing
     assert verdict.attention.prompt_gain_without_flash == 4.0
     level = check(FakeChildren(DECODES), tmp_path / "level")
     assert level.attention.prompt_gain_without_flash == 1.0
@@ -114,6 +116,43 @@ def test_a_timing_cut_short_is_taken_again_at_the_next_start(tmp_path: Path) -> 
 
     assert first.runs and first.attention.prompt_gain_without_flash is None and not first.settled
     assert not second.cached and second.attention.prompt_gain_without_flash == 4.0
+
+
+def test_a_build_with_the_row_exact_path_is_settled_without_timing_a_prompt(
+    tmp_path: Path,
+) -> None:
+    """The plan takes that path for every model, so nothing more is timed: on a slow or
+    busy host the check ends sooner and is not taken again at every start."""
+    first = check(FakeChildren(DECODES, timing=ROW_EXACT), tmp_path)
+    again = FakeChildren(DECODES, timing=TIMES_FLASH_SLOW)
+    second = check(again, tmp_path)
+
+    assert first.attention.row_exact_flash and first.attention.prompt_gain_without_flash is None
+    assert first.settled and second.cached and again.timed == []
+
+
+@pytest.mark.parametrize(("row_exact", "policy", "asked"), [
+    (True, "passive", ["--row-exact-only"]),  # found: nothing is timed
+    (False, None, []),  # not found: the timing, as the server runs OpenMP
+])  # fmt: skip
+def test_the_row_exact_check_lets_idle_threads_sleep_and_a_timing_does_not(
+    monkeypatch: pytest.MonkeyPatch, row_exact: bool, policy: str | None, asked: list[str]
+) -> None:
+    """A busy neighbour on the cores stalls OpenMP threads that spin at barriers: the check
+    that needs no timing lets them sleep."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    script = "from reame_core.backend.probe_child import say\n" + textwrap.dedent(f"""
+        import os, sys
+        say(stage="attention")
+        say(policy=os.environ.get("OMP_WAIT_POLICY"), asked=sys.argv[1:])
+        if sys.argv[1:]:
+            say(one_row_exact_flash_f16={row_exact})
+    """)
+
+    attempt = probe.attention_attempt(lambda _load: [sys.executable, "-c", script], True, 30)
+
+    assert attempt.outcome == "ok"
+    assert (attempt.facts["policy"], attempt.facts["asked"]) == (policy, asked)
 
 
 def test_the_timing_child_runs_with_openmp_as_the_server_does() -> None:
