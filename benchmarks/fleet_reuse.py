@@ -1,13 +1,13 @@
 """How much of the trace's prompts any router could reuse, read off runs of benchmarks/fleet.py.
 
 `fleet.py --workload trace` records, request by request in the trace's order, the prompt
-tokens and the tokens reused (`cached_tokens`) of every run of every router. No router can
-reuse more of a request than the most any run reused of it, and nothing precedes the
-trace's first request, so it computes its whole prompt: the sum of those is a bound on the
-share of prompt tokens any router reuses on the trace (a bound no one run need reach: the
-trace's first two extractions arrive together behind the same instructions, and either may
-be the one that computes them). Beside it, each router's pooled share, and the requests
-where routers reused different amounts, with what each run reused.
+tokens and the tokens reused (`cached_tokens`) of every run of every router. The most any
+run reused of each request, summed (the trace's first request taken as finding nothing
+before it), is a measured reference for what a router can reuse on the trace: every reuse
+in it happened in some run, though no one run need reach it (the trace's first two
+extractions arrive together behind the same instructions, and either may be the one that
+computes them). Beside it, each router's pooled share and its share of that reference, and
+the requests where routers reused different amounts, with what each run reused.
 
     .venv/bin/python benchmarks/fleet_reuse.py RESULTS [RESULTS ...] [--name NAME]
 
@@ -75,11 +75,11 @@ def main() -> int:
     parser.add_argument("--name", default="fleet_reuse")
     args = parser.parse_args()
     report = reuse(args.results)
-    print(f"bound on the share reused: {report['bound_reused_share']:.2%}")
+    print(f"most reused, request by request: {report['bound_reused_share']:.2%}")
     for router, figures in report["routers"].items():
         print(
             f"{router:7s} {figures['reused_share_pooled']:.2%} over {figures['runs']} runs "
-            f"({figures['share_of_bound']:.1%} of the bound)"
+            f"({figures['share_of_bound']:.1%} of it)"
         )
     for index, row in report["requests_reused_differently"].items():
         print(f"request {index:>2s} ({row.pop('prompt_tokens')} tokens): {row}")
