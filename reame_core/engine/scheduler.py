@@ -41,10 +41,8 @@ from reame_core.hooktypes import DraftProposal, DraftRequest, ModelInfo
 log = structlog.get_logger(__name__)
 
 FILLER_TOKEN = 0  # what a gap filler feeds: any token does, its row is thrown away
-# Prompt tokens a second the engine assumes it computes before it has computed any: how
-# long it waits at most for a prefix another process promised (`Phase.AWAITING_STORE`).
-ASSUMED_PREFILL_RATE = 200.0
-# The longest a request waits for such a prefix, whatever its estimate.
+# The longest a request waits for a prefix another process promised (`Phase.AWAITING_STORE`),
+# whatever its estimate; before the engine has computed a prompt, how long it waits.
 MAX_PREFIX_WAIT_S = 30.0
 
 
@@ -249,8 +247,7 @@ class Scheduler:
             have = first.leader_prefix
         elif promised is not None:
             first.phase = Phase.AWAITING_STORE
-            patience = min(MAX_PREFIX_WAIT_S, self._prefill_seconds(promised - have))
-            first.prefix_due = time.perf_counter() + patience
+            first.prefix_due = time.perf_counter() + self._patience(promised - have)
             self.stats.prefix_waits += 1
             have = promised
         # On the grid: a stored prefix is restored and reused like a resident one.
@@ -299,14 +296,18 @@ class Scheduler:
             group.store_points = []
             self._announce(group)
 
-    def _prefill_seconds(self, tokens: int) -> float:
-        """About how long this engine takes to compute `tokens` prompt tokens, at the rate
-        its prompt chunks have run so far."""
+    def _patience(self, tokens: int) -> float:
+        """How long a request waits at most for `tokens` prompt tokens another process
+        promised: about as long as computing them here would take, at the rate this
+        engine's prompt chunks have run so far. Before it has computed any, for as long as
+        the promise stands: any rate assumed would be wrong tenfold between a small model
+        on a fast host and a larger one on a slow host, and giving up early means waiting
+        and then computing the prefix all the same."""
         stats = self.stats
-        rate = ASSUMED_PREFILL_RATE
         if stats.prefill_seconds > 0 and stats.prefill_tokens > 0:
-            rate = stats.prefill_tokens / stats.prefill_seconds
-        return tokens / rate
+            seconds = tokens * stats.prefill_seconds / stats.prefill_tokens
+            return min(MAX_PREFIX_WAIT_S, seconds)
+        return MAX_PREFIX_WAIT_S
 
     def _prefix_in_flight(
         self, group: RequestGroup, prompt: Seq[int], limit: int, have: int
