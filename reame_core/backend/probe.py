@@ -389,7 +389,10 @@ def attention_attempt(timing: Launch, extra_bufts: bool, timeout: float) -> Prob
     found = run_attempt(check, extra_bufts=extra_bufts, timeout=timeout)
     if found.outcome != "ok" or attention_facts(found).row_exact_flash:
         return found
-    return run_attempt(timing(extra_bufts), extra_bufts=extra_bufts, timeout=timeout, passive=False)
+    timed = run_attempt(
+        timing(extra_bufts), extra_bufts=extra_bufts, timeout=timeout, passive=False
+    )
+    return timed.model_copy(update={"facts": {**found.facts, **timed.facts}})
 
 
 def _reports(out: str) -> dict[str, Any]:

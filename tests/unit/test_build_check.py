@@ -153,6 +153,7 @@ def test_the_row_exact_check_lets_idle_threads_sleep_and_a_timing_does_not(
 
     assert attempt.outcome == "ok"
     assert (attempt.facts["policy"], attempt.facts["asked"]) == (policy, asked)
+    assert attempt.facts["one_row_exact_flash_f16"] is row_exact  # the first answer is kept
 
 
 def test_the_timing_child_runs_with_openmp_as_the_server_does() -> None:
