@@ -235,7 +235,9 @@ def reame_prefix_pending(tokens: Sequence[int], have: int, model: ModelInfo) -> 
     On an answer the engine holds the request in its slot without computing its prompt,
     asks again every step, and once the answer is None (stored, withdrawn or lapsed)
     restores what ``reame_prefix_lookup`` offers and computes the rest. It computes the
-    prefix itself once it has waited about as long as computing it would take. Asked on
+    prefix itself once it has waited about as long as computing it would take at its own
+    measured rate (before it has computed a prompt, as long as the answer stands, up to a
+    limit). Asked on
     the engine thread, every step, for every waiting request: answer from an index.
     """
 

@@ -71,8 +71,9 @@ def prepare(
     settings: Settings, disk_needs: Sequence[DiskNeed] = (), build: BuildVerdict | None = None
 ) -> Preparation:
     """Find (or download) the model, then plan threads, context, slots, KV and attention for
-    this host (`build`: the build check's verdict; the model's attention is timed on it the
-    first time), and a disk budget for each of `disk_needs` (`PluginHost.disk_needs`)."""
+    this host (`build`: the build check's verdict; on a build without the row-exact path the
+    model's attention is timed the first time), and a disk budget for each of `disk_needs`
+    (`PluginHost.disk_needs`)."""
     from reame_core.backend.llama import read_model_shape
 
     model = ModelStore.in_cache_dir(settings.cache_path).resolve(settings.model)

@@ -34,6 +34,7 @@ from reame_core.backend.probe import (
     verdicts_dir,
     write_atomically,
 )
+from reame_core.backend.probe_child import ROW_EXACT_FACT
 
 log = structlog.get_logger(__name__)
 
@@ -87,8 +88,8 @@ def time_attention(
         return known
     if verdict.attention.row_exact_flash:
         return verdict.timing  # a path of the build: the plan takes it for any model
-    if not verdict.settled:
-        return None  # the build's own check did not finish: both are taken at the next start
+    if verdict.timing is None or ROW_EXACT_FACT not in verdict.timing.facts:
+        return None  # the check's row-exact question went unanswered: asked at the next start
     log.info("timing attention for this model (once per model, build and CPU)", model=model.name)
     launch = launch or probe.child_command(model, time_attention=True)
     load = verdict.use_extra_bufts

@@ -9,9 +9,9 @@ weight buffer types (`use_extra_bufts=False`: no AMX, but no CPU_REPACK either);
 loads that way, or, when nothing works, stops with one message that says what happened and
 how to fix it.
 
-Once the build decodes, a second child checks whether flash attention with f16 keys
+Once the build decodes, another child checks whether flash attention with f16 keys
 computes a lone row exactly (the row-exact path Reame's build is patched with); the host
-plan takes that path where it is. Only where it is not, a third times a short prompt in
+plan takes that path where it is. Only where it is not, one more times a short prompt in
 both deterministic attention configurations of a stock build (flash attention with q8_0
 keys, and without it), whose speeds differ from CPU to CPU, with OpenMP set as the server
 runs it, and the plan takes the faster (`attention_facts`).
@@ -46,7 +46,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reame_core.autoconfig.plan import UNTIMED, AttentionFacts
-from reame_core.backend.probe_child import MARK, ROW_EXACT_ONLY
+from reame_core.backend.probe_child import MARK, ROW_EXACT_FACT, ROW_EXACT_ONLY
 from reame_core.errors import BuildCannotRunError, ModelLoadError
 from reame_core.settings import Settings
 
@@ -71,6 +71,7 @@ _STAGES = {
     "import": "while loading its library",
     "load": "while loading the model",
     "decode": "in its first decode",
+    "attention": "while checking or timing attention",
     "done": "after its decode, while shutting down",
 }
 # name -> (what it is, what it usually means here)
@@ -217,7 +218,7 @@ def attention_facts(timing: ProbeAttempt | None) -> AttentionFacts:
     return AttentionFacts(
         prompt_gain_without_flash=float(flash) / float(plain) if flash and plain else None,
         exact_without_flash=bool(timing.facts.get("one_row_exact_without_flash")),
-        row_exact_flash=bool(timing.facts.get("one_row_exact_flash_f16")),
+        row_exact_flash=bool(timing.facts.get(ROW_EXACT_FACT)),
     )
 
 
@@ -380,8 +381,9 @@ def run_attempt(
     return ProbeAttempt(outcome="failed", error=error, facts=facts, **fields)
 
 
-def attention_attempt(timing: Launch, extra_bufts: bool, timeout: float) -> ProbeAttempt:
-    """The timing child's facts: first whether the build has the row-exact path (checked
+def attention_attempt(timing: Launch, *, extra_bufts: bool, timeout: float) -> ProbeAttempt:
+    """What the build check learns of attention: first whether the build has the row-exact
+    path (checked
     with OpenMP's threads sleeping when idle, so that a busy neighbour slows the check down
     rather than stalls it; the plan then takes that path and nothing needs timing), and only
     where it does not, a timing with OpenMP as the server runs it."""
@@ -492,7 +494,7 @@ def check_build(
     )
     if verdict.runs:  # time attention the way models will load
         timing = timing or child_command(model, time_attention=True)
-        timed = attention_attempt(timing, verdict.use_extra_bufts, timeout)
+        timed = attention_attempt(timing, extra_bufts=verdict.use_extra_bufts, timeout=timeout)
         verdict = verdict.model_copy(update={"timing": timed})
     if verdict.settled:
         write_atomically(verdict_path(cache_dir, subject), verdict.model_dump_json(indent=1))

@@ -34,7 +34,8 @@ def config_command(settings: Settings, out: TextIO) -> int:
     timing = cached_timing(settings.cache_path, build, path) if build and path else None
     attention = attention_facts(timing)
     if timing is None and build is not None:
-        # Not timed yet (it is on its first run): the row-exact path is the build's own.
+        # No timing of its own (not taken yet, or not needed): the row-exact path is the
+        # build's own.
         attention = AttentionFacts(row_exact_flash=build.attention.row_exact_flash)
     plan = plan_host(settings, facts, shape, needs, attention)
     out.write(render(settings.model, model, facts, plan, build_note(build)))

@@ -115,9 +115,11 @@ def _attention_lines(verdict: BuildVerdict, settings: Settings) -> list[str]:
             _row("attention", f"row-exact flash attention (f16 keys): found; flash attention "
                               f"{choice}, for every model (nothing to time)"),
         ]  # fmt: skip
-    if attention.prompt_gain_without_flash is None:
+    if verdict.timing is None:
         return []
-    assert verdict.timing is not None
+    if attention.prompt_gain_without_flash is None:
+        return [_row("attention", f"not finished: {verdict.timing.describe()}; asked again "
+                                  "at the next start")]  # fmt: skip
     seconds = verdict.timing.facts["prefill_seconds"]
     flash, plain = seconds["flash_q8_0_keys"], seconds["no_flash_f16"]
     lone_row = "exact" if attention.exact_without_flash else "not exact"

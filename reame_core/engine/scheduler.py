@@ -351,7 +351,7 @@ class Scheduler:
 
     def _await_store(self, seq: Candidate) -> None:
         """A candidate waiting for a prefix another process is computing: while that is
-        still promised, and for no longer than computing it here would take, it waits;
+        still promised, and for no longer than `_patience` allows, it waits;
         then it restores what is stored (all of it, or whatever there is if the other
         process did not store it) and computes the rest of its prompt itself."""
         group, prompt = seq.group, seq.prompt_tokens

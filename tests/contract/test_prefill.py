@@ -12,7 +12,6 @@ from installed_plugins import InstalledPlugins
 
 from reame_core.backend.fake import FakeBackend
 from reame_core.engine.engine import Engine
-from reame_core.engine.scheduler import MAX_PREFIX_WAIT_S
 from reame_core.plugins import PluginHost
 from reame_core.request import Event, FinishEvent, GenerationRequest, SamplingParams
 
@@ -120,7 +119,7 @@ def test_a_withdrawn_promise_ends_the_wait_and_the_prefix_is_computed(
     assert store.computing[-1] == ()  # withdrawn
     (alone,) = stepped.until_finished(waited)
     # It computed as soon as the promise was withdrawn, not at the end of its patience.
-    assert second.stats.prefix_wait_seconds < 1.0 < MAX_PREFIX_WAIT_S
+    assert second.stats.prefix_wait_seconds < 1.0  # its patience: MAX_PREFIX_WAIT_S
 
     assert alone.usage.restored_tokens == 0
     assert second.stats.prefill_tokens == len(LONG_PROMPT)
@@ -128,8 +127,9 @@ def test_a_withdrawn_promise_ends_the_wait_and_the_prefix_is_computed(
     assert store.stored == {}
 
 
-def measured(engine: Engine, heard: list[Event]) -> float:
+def measured(engine: Engine) -> float:
     """The engine's seconds per prompt token, once it has computed `PROMPT` (its first)."""
+    heard: list[Event] = []
     engine.submit(GenerationRequest(PROMPT, SamplingParams(max_tokens=2)), heard.append)
     while not any(isinstance(event, FinishEvent) for event in heard):
         engine.step()
@@ -142,7 +142,7 @@ def test_a_promise_never_kept_is_waited_for_about_as_long_as_computing_would_tak
     plugins = install_plugins("prefix_promises")
     store = install_plugins.module("prefix_promises")
     engine = Engine(FakeBackend(token_cost_s=0.002), plugins, prefill_chunk=8, speculate="off")
-    per_token = measured(engine, [])
+    per_token = measured(engine)
     store.promised.add(tuple(LONG_PROMPT[:30]))  # promised by a process that never stores it
     heard: list[Event] = []
     computed = engine.stats.prefill_tokens
@@ -180,7 +180,8 @@ def test_before_its_first_prompt_an_engine_waits_as_long_as_the_promise_stands(
     store.promised.clear()  # the other process stored nothing after all
     (alone,) = stepped.until_finished(heard)
 
-    assert 0.5 <= engine.stats.prefix_wait_seconds < MAX_PREFIX_WAIT_S
+    # Longer than the 30 tokens would take even at a few hundred tokens a second.
+    assert engine.stats.prefix_wait_seconds >= 0.5
     assert alone.usage.restored_tokens == 0
     assert engine.stats.prefill_tokens == len(LONG_PROMPT)
 
@@ -191,7 +192,7 @@ def test_a_running_engine_waits_for_a_promise_without_spinning(
     plugins = install_plugins("prefix_promises")
     store = install_plugins.module("prefix_promises")
     engine = Engine(FakeBackend(token_cost_s=0.005), plugins, speculate="off")
-    per_token = measured(engine, [])
+    per_token = measured(engine)
     store.promised.add(tuple(LONG_PROMPT[:60]))  # never kept: a wait of about 0.3 s
     engine.start()
     try:

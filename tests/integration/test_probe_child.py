@@ -30,7 +30,7 @@ def test_the_timing_child_finds_the_row_exact_path_and_times_nothing(
 ) -> None:
     launch = child_command(smollm2_path, time_attention=True)
 
-    attempt = attention_attempt(launch, use_extra_bufts, timeout=120)
+    attempt = attention_attempt(launch, extra_bufts=use_extra_bufts, timeout=120)
 
     assert attempt.outcome == "ok", attempt.describe()
     assert attempt.facts["one_row_exact_flash_f16"] is True
@@ -43,7 +43,7 @@ def test_without_the_row_exact_path_the_child_times_both_attention_configuration
     monkeypatch.setenv(ROW_EXACT_ENV, "0")  # as a stock llama.cpp build computes
     launch = child_command(smollm2_path, time_attention=True)
 
-    attempt = attention_attempt(launch, use_extra_bufts, timeout=120)
+    attempt = attention_attempt(launch, extra_bufts=use_extra_bufts, timeout=120)
 
     assert attempt.outcome == "ok", attempt.describe()
     assert attempt.facts["one_row_exact_flash_f16"] is False

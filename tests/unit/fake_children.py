@@ -26,22 +26,27 @@ DECODES = _REPORT + textwrap.dedent("""
     say(stage="decode")
     say(stage="done", tokens=[11, 12, 13, 14])
 """)
-# Timing children (`--time-attention`) of a build without the row-exact path (they say so
-# when asked with `--row-exact-only`): flash attention level with its absence, or 4x slower.
-TIMES_LEVEL = _REPORT + textwrap.dedent("""
-    import sys
+# Timing children (`--time-attention`) begin alike: on a build without the row-exact path
+# they say so when asked with `--row-exact-only`, and end there.
+_STOCK_BUILD = _REPORT + textwrap.dedent("""
+    import sys, time
     say(stage="import")
     say(stage="load")
     say(stage="attention")
     if "--row-exact-only" in sys.argv:
         say(one_row_exact_flash_f16=False)
         raise SystemExit(0)
+""")
+# ... then time flash attention level with its absence, or 4x slower.
+TIMES_LEVEL = _STOCK_BUILD + textwrap.dedent("""
     say(prefill_seconds={"flash_q8_0_keys": 1.0, "no_flash_f16": 1.0})
     say(one_row_exact_without_flash=True)
 """)
 TIMES_FLASH_SLOW = TIMES_LEVEL.replace('"flash_q8_0_keys": 1.0', '"flash_q8_0_keys": 4.0')
 # ... and a row computed alone without flash attention differs from the row in a chunk.
 TIMES_FLASH_SLOW_INEXACT = TIMES_FLASH_SLOW.replace("=True)", "=False)")
+# ... then hang in the timing (a busy host).
+HANGS_TIMING_ATTENTION = _STOCK_BUILD + "time.sleep(120)\n"
 # The build has the row-exact path: f16 flash attention computes a lone row exactly (asked
 # with `--row-exact-only`, the first question), and nothing is timed (the plan takes it).
 ROW_EXACT = _REPORT + textwrap.dedent("""
@@ -50,7 +55,8 @@ ROW_EXACT = _REPORT + textwrap.dedent("""
     say(stage="attention")
     say(one_row_exact_flash_f16=True)
 """)
-HANGS_TIMING_ATTENTION = _REPORT + textwrap.dedent("""
+# Hangs before answering anything, the row-exact question included.
+HANGS_IN_ATTENTION = _REPORT + textwrap.dedent("""
     import time
     say(stage="import")
     say(stage="load")

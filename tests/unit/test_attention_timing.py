@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from fake_children import (
     DECODES,
+    HANGS_IN_ATTENTION,
     HANGS_TIMING_ATTENTION,
     ROW_EXACT,
     TIMES_FLASH_SLOW,
@@ -88,6 +89,20 @@ def test_no_model_is_timed_on_a_build_with_the_row_exact_path(tmp_path: Path) ->
     timing = time_attention(tmp_path, verdict, other, launch=children.timing)
 
     assert children.timed == [] and attention_facts(timing).row_exact_flash
+
+
+def test_no_model_is_timed_while_the_checks_row_exact_question_is_unanswered(
+    tmp_path: Path,
+) -> None:
+    embedded, other = model_file(tmp_path, "embedded.gguf"), model_file(tmp_path, "q.gguf", 8)
+    check = FakeChildren(DECODES, timing=HANGS_IN_ATTENTION)
+    verdict = check_build(
+        tmp_path, SUBJECT, embedded, launch=check, timing=check.timing, timeout=1.0
+    )
+    children = FakeChildren(DECODES)
+
+    assert time_attention(tmp_path, verdict, other, launch=children.timing) is None
+    assert children.timed == []
 
 
 def test_a_model_not_timed_yet_has_no_timing_for_config(

@@ -20,6 +20,7 @@ from fake_children import (
     DIES_WITH_SIGBUS_IN_LOAD,
     DIES_WITH_SIGILL_IN_DECODE,
     FAILS_IN_DECODE,
+    HANGS_IN_ATTENTION,
     HANGS_IN_DECODE,
     HANGS_TIMING_ATTENTION,
     KILLED_IN_LOAD,
@@ -115,7 +116,19 @@ def test_a_timing_cut_short_is_taken_again_at_the_next_start(tmp_path: Path) -> 
     second = check(again, tmp_path)
 
     assert first.runs and first.attention.prompt_gain_without_flash is None and not first.settled
+    assert first.timing is not None and first.timing.facts["one_row_exact_flash_f16"] is False
     assert not second.cached and second.attention.prompt_gain_without_flash == 4.0
+
+
+def test_an_unanswered_row_exact_question_is_asked_again_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    first = check(FakeChildren(DECODES, timing=HANGS_IN_ATTENTION), tmp_path, timeout=1.0)
+    again = FakeChildren(DECODES, timing=ROW_EXACT)
+    second = check(again, tmp_path)
+
+    assert first.runs and not first.settled and not first.attention.row_exact_flash
+    assert not second.cached and second.attention.row_exact_flash and second.settled
 
 
 def test_a_build_with_the_row_exact_path_is_settled_without_timing_a_prompt(
@@ -149,7 +162,9 @@ def test_the_row_exact_check_lets_idle_threads_sleep_and_a_timing_does_not(
             say(one_row_exact_flash_f16={row_exact})
     """)
 
-    attempt = probe.attention_attempt(lambda _load: [sys.executable, "-c", script], True, 30)
+    launch = lambda _load: [sys.executable, "-c", script]  # noqa: E731
+
+    attempt = probe.attention_attempt(launch, extra_bufts=True, timeout=30)
 
     assert attempt.outcome == "ok"
     assert (attempt.facts["policy"], attempt.facts["asked"]) == (policy, asked)

@@ -10,12 +10,14 @@ import pytest
 from fake_children import (
     DECODES,
     DIES_WITH_SIGILL_IN_DECODE,
+    HANGS_TIMING_ATTENTION,
     ROW_EXACT,
     TIMES_FLASH_SLOW,
     InstallChildren,
     install_children,
 )
 
+from reame_core.backend import probe
 from reame_core.cli.doctor import doctor_command
 from reame_core.settings import Settings
 
@@ -142,4 +144,19 @@ def test_doctor_says_where_the_build_has_the_row_exact_path(
 
     assert (
         "row-exact flash attention (f16 keys): found; flash attention on, for every model"
+    ) in out.getvalue()
+
+
+def test_doctor_says_when_the_attention_timing_did_not_finish(
+    settings: Settings, children: InstallChildren, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    children(DECODES, timing=HANGS_TIMING_ATTENTION)
+    check = probe.check_build
+    monkeypatch.setattr(probe, "check_build", lambda *a, **k: check(*a, **k, timeout=1.0))
+    out = io.StringIO()
+
+    doctor_command(settings, out)
+
+    assert (
+        "attention not finished: llama.cpp hung while checking or timing attention"
     ) in out.getvalue()
