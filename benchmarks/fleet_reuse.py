@@ -50,9 +50,9 @@ def reuse(names: list[str]) -> dict[str, Any]:
         }
         for router, by_request in reused.items()
     }
-    bound = sum(most.values()) / total
+    reference = sum(most.values()) / total
     for figures in routers.values():
-        figures["share_of_bound"] = round(figures["reused_share_pooled"] / bound, 4)
+        figures["share_of_most_reused"] = round(figures["reused_share_pooled"] / reference, 4)
     differing = {
         str(i): {"prompt_tokens": prompts[i], **{router: r[i] for router, r in reused.items()}}
         for i in prompts
@@ -63,7 +63,7 @@ def reuse(names: list[str]) -> dict[str, Any]:
         "measured_on": sorted(hosts),
         "requests": len(prompts),
         "prompt_tokens": total,
-        "bound_reused_share": round(bound, 4),
+        "most_reused_share": round(reference, 4),
         "routers": routers,
         "requests_reused_differently": differing,
     }
@@ -75,14 +75,15 @@ def main() -> int:
     parser.add_argument("--name", default="fleet_reuse")
     args = parser.parse_args()
     report = reuse(args.results)
-    print(f"most reused, request by request: {report['bound_reused_share']:.2%}")
+    print(f"most reused, request by request: {report['most_reused_share']:.2%}")
     for router, figures in report["routers"].items():
         print(
             f"{router:7s} {figures['reused_share_pooled']:.2%} over {figures['runs']} runs "
-            f"({figures['share_of_bound']:.1%} of it)"
+            f"({figures['share_of_most_reused']:.1%} of it)"
         )
     for index, row in report["requests_reused_differently"].items():
-        print(f"request {index:>2s} ({row.pop('prompt_tokens')} tokens): {row}")
+        runs = {router: reused for router, reused in row.items() if router != "prompt_tokens"}
+        print(f"request {index:>2s} ({row['prompt_tokens']} tokens): {runs}")
     print(f"wrote {write_report(args.name, {'command': ' '.join(sys.argv), **report})}")
     return 0
 
