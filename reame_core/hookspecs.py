@@ -237,8 +237,8 @@ def reame_prefix_pending(tokens: Sequence[int], have: int, model: ModelInfo) -> 
     restores what ``reame_prefix_lookup`` offers and computes the rest. It computes the
     prefix itself once it has waited about as long as computing it would take at its own
     measured rate (before it has computed a prompt, as long as the answer stands, up to a
-    limit). Asked on
-    the engine thread, every step, for every waiting request: answer from an index.
+    limit). Asked on the engine thread, every step, for every waiting request: answer from
+    an index.
     """
 
 

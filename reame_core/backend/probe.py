@@ -383,10 +383,9 @@ def run_attempt(
 
 def attention_attempt(timing: Launch, *, extra_bufts: bool, timeout: float) -> ProbeAttempt:
     """What the build check learns of attention: first whether the build has the row-exact
-    path (checked
-    with OpenMP's threads sleeping when idle, so that a busy neighbour slows the check down
-    rather than stalls it; the plan then takes that path and nothing needs timing), and only
-    where it does not, a timing with OpenMP as the server runs it."""
+    path (checked with OpenMP's threads sleeping when idle, so that a busy neighbour slows
+    the check down rather than stalls it; the plan then takes that path and nothing needs
+    timing), and only where it does not, a timing with OpenMP as the server runs it."""
     check = [*timing(extra_bufts), ROW_EXACT_ONLY]
     found = run_attempt(check, extra_bufts=extra_bufts, timeout=timeout)
     if found.outcome != "ok" or attention_facts(found).row_exact_flash:
