@@ -213,10 +213,11 @@ def stock_environment() -> dict[str, str]:
         GRAPH_CACHE_TOKENS_ENV,
         HUGEPAGES_ENV,
         KV_REGIONS_ENV,
+        Q4_1_ROW_GROUPS_ENV,
     )
 
     switches = (
-        ROW_EXACT_ENV, AMX_ROWS_ENV, AMX_WIDE_M_ENV,
+        ROW_EXACT_ENV, AMX_ROWS_ENV, AMX_WIDE_M_ENV, Q4_1_ROW_GROUPS_ENV,
         HUGEPAGES_ENV, GRAPH_CACHE_ENV, GRAPH_CACHE_TOKENS_ENV, KV_REGIONS_ENV,
     )  # fmt: skip
     return {name: value for name, value in os.environ.items() if name not in switches}

@@ -16,10 +16,15 @@ one-token pass cost 5.7 ms that way against 3.0-3.7 ms in the engine).
 With --compare-amx-tiles (a CPU with AMX): the same in fresh processes, alternating, with
 Reame's setting of the AMX row kernels (`AMX_ROWS_ENV`, scripts/patches/ggml-amx-row-kernels.patch)
 and with ggml's own choice (the switch at 1: every product of two rows or more in AMX tiles);
-`--rounds` processes of each, medians over all their repetitions.
+`--rounds` processes of each, medians over all their repetitions. With
+--compare-q4_1-row-groups (Q4_1 weights where no repacked or AMX kernel takes them, as on an
+AVX2 CPU) likewise, Reame's row groups (`Q4_1_ROW_GROUPS_ENV`,
+scripts/patches/ggml-q4_1-row-groups.patch) against ggml's one row at a time. `--sizes`
+replaces the pass sizes (prompt chunks too: a pass of 512 tokens is one of a prompt's).
 
     .venv/bin/python benchmarks/pass_cost.py [--model PATH] [--reps 7] [--name pass_cost]
     .venv/bin/python benchmarks/pass_cost.py --compare-amx-tiles [--rounds 3] [--reps 5]
+    .venv/bin/python benchmarks/pass_cost.py --compare-q4_1-row-groups [--sizes 1 2 4 64 512]
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+from reame_core.backend.llama import Q4_1_ROW_GROUPS_ENV
+from reame_core.backend.probe_child import AMX_ROWS_ENV
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
 WARM = 2  # untimed passes of a shape before its timed ones
@@ -65,7 +73,7 @@ def pass_seconds(
             for rows in ("all", "last"):
                 batch = Batch()
                 for j in range(n):
-                    batch.add(prompt[j], start + j, 0, rows == "all" or j == n - 1)
+                    batch.add(prompt[j % len(prompt)], start + j, 0, rows == "all" or j == n - 1)
                 for attempt in range(WARM + TIMED):
                     began = time.perf_counter()
                     backend.decode(batch)
@@ -77,23 +85,35 @@ def pass_seconds(
     return {key: statistics.median(values) for key, values in seconds.items()}
 
 
-CONFIGS = {"row-kernels": None, "ggml-tiles": "1"}  # the AMX switch's value (None: Reame's)
+# A switch's setting per configuration (None: Reame's), and the comparisons of two: Reame's
+# configuration first, the report's key for the other's time over Reame's.
+CONFIGS = {
+    "row-kernels": (AMX_ROWS_ENV, None),
+    "ggml-tiles": (AMX_ROWS_ENV, "1"),  # every product of two rows or more in AMX tiles
+    "row-groups": (Q4_1_ROW_GROUPS_ENV, None),
+    "one-row": (Q4_1_ROW_GROUPS_ENV, "0"),
+}
+COMPARISONS = {
+    "amx_tiles": ("row-kernels", "ggml-tiles", "tiles_over_row_kernels"),
+    "q4_1_row_groups": ("row-groups", "one-row", "one_row_over_row_groups"),
+}
 
 
-def child(model: str, threads: int, reps: int, config: str) -> None:
+def child(model: str, threads: int, reps: int, config: str, sizes: tuple[int, ...]) -> None:
     """One configuration in this fresh process: its pass seconds, as one JSON line."""
-    from reame_core.backend.probe_child import AMX_ROWS_ENV
-
-    if CONFIGS[config] is not None:
-        os.environ[AMX_ROWS_ENV] = CONFIGS[config]  # before llama.cpp computes anything
-    seconds = pass_seconds(Path(model), threads, reps)
+    variable, value = CONFIGS[config]
+    if value is not None:
+        os.environ[variable] = value  # before llama.cpp computes anything
+    seconds = pass_seconds(Path(model), threads, reps, sizes)
     print(json.dumps({"seconds": [[n, rows, t] for (n, rows), t in seconds.items()]}))
 
 
-def table_of(seconds: dict[tuple[int, str], float]) -> list[dict[str, float]]:
+def table_of(
+    seconds: dict[tuple[int, str], float], sizes: tuple[int, ...]
+) -> list[dict[str, float]]:
     one = seconds[(1, "all")]
     table = []
-    for n in SIZES:
+    for n in sizes:
         all_rows = seconds[(n, "all")]
         last_row = seconds[(n, "last")]
         table.append(
@@ -114,13 +134,16 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--compare-amx-tiles", action="store_true")
+    parser.add_argument("--compare-q4_1-row-groups", action="store_true")
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("--rounds", type=int, default=3, help="processes per configuration")
     parser.add_argument("--name", default="pass_cost", help="results file name (no extension)")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    sizes = tuple(sorted(set(args.sizes) | {1}))  # every pass is priced in one-token passes
     if args.child:
         model, threads, reps, config = args.child
-        child(model, int(threads), int(reps), config)
+        child(model, int(threads), int(reps), config, sizes)
         return
 
     from common import measure, write_report
@@ -135,31 +158,39 @@ def main() -> None:
         "reps": args.reps,
         "command": " ".join(["python", "benchmarks/pass_cost.py", *sys.argv[1:]]),
     }
-    if not args.compare_amx_tiles:
-        table = table_of(pass_seconds(model.path, args.threads, args.reps))
+    comparison = (
+        "amx_tiles" if args.compare_amx_tiles
+        else "q4_1_row_groups" if args.compare_q4_1_row_groups
+        else None
+    )  # fmt: skip
+    report["sizes"] = list(sizes)
+    if comparison is None:
+        table = table_of(pass_seconds(model.path, args.threads, args.reps, sizes), sizes)
         for row in table:
             print(row, flush=True)
         report["passes"] = table
     else:
-        samples: dict[str, dict[tuple[int, str], list[float]]] = {c: {} for c in CONFIGS}
+        reames, other, key = COMPARISONS[comparison]
+        samples: dict[str, dict[tuple[int, str], list[float]]] = {reames: {}, other: {}}
         for _ in range(args.rounds):
-            for config in CONFIGS:
+            for config in samples:
                 found = measure(
-                    __file__, str(model.path), str(args.threads), str(args.reps), config
-                )
+                    __file__, str(model.path), str(args.threads), str(args.reps), config,
+                    "--sizes", *map(str, sizes),
+                )  # fmt: skip
                 for n, rows, seconds in found["seconds"]:
                     samples[config].setdefault((n, rows), []).append(seconds)
         tables = {
-            config: table_of({key: statistics.median(v) for key, v in by_size.items()})
+            config: table_of({k: statistics.median(v) for k, v in by_size.items()}, sizes)
             for config, by_size in samples.items()
         }
         report["rounds"] = args.rounds
         report["passes"] = tables
-        report["tiles_over_row_kernels"] = {
-            row["tokens"]: round(tiles["ms_logits_every_row"] / row["ms_logits_every_row"], 3)
-            for row, tiles in zip(tables["row-kernels"], tables["ggml-tiles"], strict=True)
+        report[key] = {
+            row["tokens"]: round(theirs["ms_logits_every_row"] / row["ms_logits_every_row"], 3)
+            for row, theirs in zip(tables[reames], tables[other], strict=True)
         }
-        print(json.dumps(report["tiles_over_row_kernels"]))
+        print(json.dumps(report[key]))
     print(write_report(args.name, report))
 
 

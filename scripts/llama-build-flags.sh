@@ -46,6 +46,13 @@
 # speed depended on where the weights landed). Reame sets both switches; llama-server keeps
 # llama.cpp's ways.
 #
+# On every host the source gets patches/ggml-q4_1-row-groups.patch: where no repacked or AMX
+# kernel takes Q4_1 weights (an AVX2 CPU), ggml multiplies them with each row of a product in
+# turn, unpacking every block of the weights again for each row: a pass of 8 tokens cost about
+# 6 one-token passes on SmolLM2. With GGML_Q4_1_ROW_GROUPS=1 the rows go in groups of up to 8,
+# each block unpacked once for the group; each row is computed with the operations of a
+# one-row product, in the same order. Reame sets the switch; llama-server keeps ggml's kernel.
+#
 # On every host the source gets patches/llama-kv-seq-regions.patch: with
 # LLAMA_KV_SEQ_REGIONS=1 a unified KV cache gives each sequence a region of its own, where its
 # cells sit as in a stream of its own, so one decode can hold any number of tokens per
@@ -60,6 +67,7 @@ patches=(
     "$here/patches/llama-graph-cache.patch"
     "$here/patches/ggml-hugepages.patch"
     "$here/patches/llama-kv-seq-regions.patch"
+    "$here/patches/ggml-q4_1-row-groups.patch"
 )
 if [[ $(uname -m) == x86_64 ]]; then
     if [[ " $cpu_flags " == *" amx_int8 "* && ${REAME_NO_AMX:-0} != 1 ]]; then

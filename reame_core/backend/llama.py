@@ -77,6 +77,12 @@ T = TypeVar("T")
 # a decode's speed depended on where its weights landed. Read once, at the first buffer.
 HUGEPAGES_ENV = "GGML_HUGEPAGES"
 
+# Products of Q4_1 weights with several rows (drafts verified, sequences decoded together,
+# prompt chunks) where no repacked or AMX kernel takes them, as on an AVX2 CPU: each block of
+# the weights unpacked once for up to eight rows (scripts/patches/ggml-q4_1-row-groups.patch);
+# every row bit-identical to a one-row product. Read once per process.
+Q4_1_ROW_GROUPS_ENV = "GGML_Q4_1_ROW_GROUPS"
+
 # Graphs llama.cpp keeps besides the last decode's (scripts/patches/llama-graph-cache.patch):
 # it reuses a decode's graph only when the decode before had the same shape, and a draft
 # verified between plain steps changes the shape at almost every step. With the switch it
@@ -334,6 +340,7 @@ class LlamaBackend:
         # weights once for all rows, not once per 32 (bit-identical rows).
         os.environ.setdefault(AMX_WIDE_M_ENV, "1")
         os.environ.setdefault(HUGEPAGES_ENV, "1")
+        os.environ.setdefault(Q4_1_ROW_GROUPS_ENV, "1")
         model_params = llama_cpp.llama_model_default_params()
         # False keeps weights out of CPU_REPACK and AMX buffers: the build check's fallback
         # where the default load crashes (reame_core/backend/probe.py).

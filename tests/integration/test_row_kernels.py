@@ -24,7 +24,7 @@ FOLLOWING = 26  # tokens after the prompt: two passes of 13
 COMPARED = 24  # rows every pass size covers
 
 
-def _logits_by_pass(model: str, out: str) -> None:
+def logits_by_pass(model: str, out: str) -> None:
     """Child: after a prompt, the same tokens decoded in passes of each size in `PASSES`,
     every row's logits kept; saved as one array of shape (passes, tokens, vocab)."""
     from reame_core.backend.base import Batch
@@ -69,4 +69,4 @@ def test_rows_of_a_pass_get_the_logits_of_one_token_steps(
 
 
 if __name__ == "__main__":
-    _logits_by_pass(sys.argv[1], sys.argv[2])
+    logits_by_pass(sys.argv[1], sys.argv[2])
