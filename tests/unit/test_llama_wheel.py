@@ -1,7 +1,6 @@
 """scripts/llama-wheel's cache key: one build per CPU; every host gets the row-exact flash
 attention, kept-graphs, huge-pages, KV-regions and Q4_1 row-group patches, AMX hosts the AMX
-patches too;
-scripts/llama-server builds llama.cpp the same way (llama-build-flags.sh)."""
+patches too; scripts/llama-server builds llama.cpp the same way (llama-build-flags.sh)."""
 
 from __future__ import annotations
 
