@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import select
 import signal
 import sqlite3
 import subprocess
@@ -143,6 +144,7 @@ store = DiskStore(Path(sys.argv[1]))
 seed = 100
 while True:
     store.write(snapshot(seed, state_bytes=2 << 20), max_size=UNLIMITED)
+    print(seed, flush=True)
     store.evict(8 << 20)
     seed += 1
 """
@@ -158,7 +160,7 @@ def entries_being_written(cache_dir: Path, pid: int) -> list[Path]:
     ]
 
 
-def kill_while_writing(writer: subprocess.Popen[bytes], cache_dir: Path, within_s: float) -> None:
+def kill_while_writing(writer: subprocess.Popen[str], cache_dir: Path, within_s: float) -> None:
     """SIGKILL `writer` the moment it starts writing an entry, or after `within_s`."""
     deadline = time.monotonic() + within_s
     while not entries_being_written(cache_dir, writer.pid) and time.monotonic() < deadline:
@@ -166,16 +168,26 @@ def kill_while_writing(writer: subprocess.Popen[bytes], cache_dir: Path, within_
     writer.send_signal(signal.SIGKILL)
 
 
+def first_write_done(writer: subprocess.Popen[str], within_s: float) -> None:
+    """Wait until `writer` reports its first complete entry (its start-up varies by host)."""
+    assert writer.stdout is not None
+    readable, _, _ = select.select([writer.stdout], [], [], within_s)
+    assert readable and writer.stdout.readline(), "the writer wrote nothing"
+
+
 def test_writer_killed_at_any_moment_leaves_only_complete_entries(cache_dir: Path) -> None:
     script = WRITE_FOREVER.format(tests=str(Path(__file__).parent))
     chance = random.Random(5)
     killed_mid_write = 0
     for round in range(8):
-        writer = subprocess.Popen([sys.executable, "-c", script, str(cache_dir)])
+        writer = subprocess.Popen(
+            [sys.executable, "-c", script, str(cache_dir)], stdout=subprocess.PIPE, text=True
+        )
         if round % 2:  # every other kill aims at a write in progress
             kill_while_writing(writer, cache_dir, within_s=10.0)
-        else:
-            time.sleep(1.0 + chance.uniform(0.0, 0.5))
+        else:  # the others at any moment once writing is under way
+            first_write_done(writer, within_s=60.0)
+            time.sleep(chance.uniform(0.0, 0.5))
             writer.send_signal(signal.SIGKILL)
         writer.wait()
         killed_mid_write += bool(entries_being_written(cache_dir, writer.pid))
