@@ -22,6 +22,7 @@ from reame_core.backend.probe import (
     attention_facts,
     ensure_build_runs,
 )
+from reame_core.backend.verification_check import verification_exact as check_verification
 from reame_core.engine.engine import Engine
 from reame_core.hooktypes import DiskNeed
 from reame_core.models import ModelStore, ResolvedModel
@@ -39,6 +40,8 @@ class Runtime:
     engine: Engine
     # The host plan the model was loaded with (None for a backend the caller supplied).
     plan: HostPlan | None = None
+    # Whether verifying drafts is exact for this model here (None: not checked).
+    verification_exact: bool | None = None
     _closed: bool = field(default=False, init=False, repr=False)
 
     @cached_property
@@ -129,6 +132,7 @@ def start_runtime(
     """
     plugins = plugins or PluginHost(settings.disable_plugins)
     plan = None
+    verification_exact = None
     if backend is None:
         # Before llama.cpp is loaded into this process: the check runs it in a child.
         build = build or ensure_build_runs(settings)
@@ -139,6 +143,9 @@ def start_runtime(
             log.warning("host configuration", problem=warning)
         settings = settings.with_plugin_defaults(preparation.plan.plugin_defaults())
         backend = load_backend(settings, preparation, use_extra_bufts=build.use_extra_bufts)
+        if settings.deterministic and settings.speculate != "off":
+            # On the fresh model, before any sequence holds KV.
+            verification_exact = check_verification(backend, settings.cache_path)
     plugins.configure(settings, backend.info)
     engine = Engine(
         backend,
@@ -158,19 +165,30 @@ def start_runtime(
         ctx_per_slot=backend.info.n_ctx_seq,
         kv_type=backend.info.kv_type,
         deterministic=settings.deterministic,
-        guarantees=determinism_note(backend, settings),
+        guarantees=determinism_note(backend, settings, verification_exact),
     )
-    return Runtime(settings, plugins, backend, engine, plan)
+    return Runtime(settings, plugins, backend, engine, plan, verification_exact)
 
 
-def determinism_note(backend: Backend, settings: Settings) -> str:
-    """What the running configuration guarantees about repeatable outputs."""
+def determinism_note(
+    backend: Backend, settings: Settings, verification_exact: bool | None = None
+) -> str:
+    """What the running configuration guarantees about repeatable outputs;
+    `verification_exact` as `backend.verification_check` found it (None: not checked, and
+    then a build with llamafile's kernels is taken not to be exact)."""
     if not settings.deterministic:
         return "fast mode: outputs may differ slightly with batch neighbours and cache hits"
     exact = (
         "deterministic: batching, prefix reuse and candidate clones are bit-exact (generated "
         "tokens are reused only once recomputed as a prompt chunk)"
     )
+    if verification_exact is not None:
+        return exact + (
+            "; speculative verification is exact too (checked for this model, build and CPU)"
+            if verification_exact
+            else "; speculative verification is exact only up to near-ties for this model, "
+            "build and CPU (checked)"
+        )
     if backend.info.extra.get("llamafile"):
         return exact + "; speculative verification is exact only up to near-ties on this build"
     return exact + "; speculative verification is exact too"

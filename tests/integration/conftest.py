@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from near_tie import verification_is_exact
 
 from reame_core.autoconfig.plan import flash_attn_choice
 from reame_core.backend.base import Backend
@@ -157,6 +158,12 @@ def backend(
     backend.close()
 
 
+@pytest.fixture(scope="session")
+def verification_exact(backend: LlamaBackend, tmp_path_factory: pytest.TempPathFactory) -> bool:
+    """Whether verifying drafts is exact for SmolLM2 here, as the server checks it."""
+    return verification_is_exact(backend, tmp_path_factory.mktemp("verification"))
+
+
 @pytest.fixture(scope="module")
 def gemma(gemma_path: Path, use_extra_bufts: bool) -> Iterator[LlamaBackend]:
     """Gemma 3 270M (sliding-window attention), deterministic configuration, 2 slots."""
@@ -177,8 +184,9 @@ def gemma(gemma_path: Path, use_extra_bufts: bool) -> Iterator[LlamaBackend]:
 def make_engine() -> Iterator[Callable[..., Engine]]:
     """A started `Engine` over a shared backend, holding no KV; stopped after the test.
 
-    Speculation is off unless asked for (``speculate="on"``): on this build verifying
-    drafts is exact only up to near-ties, and these tests check paths that are bit-exact.
+    Speculation is off unless asked for (``speculate="on"``): verifying drafts is exact only
+    where the server's check finds it so (`verification_exact`), and these tests check
+    paths that are bit-exact everywhere.
     """
     engines: list[Engine] = []
 

@@ -1,7 +1,9 @@
 """Where two paths may part ways: only at a near-tie of the plain path, and not too often.
 
-On builds and configurations that do not guarantee bit-exact logits along another path
-(DESIGN "Determinism"), a greedy output may leave the plain path's. It may do so only where
+Where verifying drafts is exact for the model on this build and CPU (the server's own
+check, `verification_is_exact`), drafted outputs must equal the plain path's token for
+token. On builds and configurations that do not guarantee bit-exact logits along another
+path (DESIGN "Determinism"), a greedy output may leave the plain path's. It may do so only where
 the plain path's best token led the token the other path emitted by less than the logits
 drift between the paths, and only as often as the drift makes such flips.
 
@@ -34,8 +36,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from reame_core.backend import verification_check
+from reame_core.backend.base import Backend
 from reame_core.engine.engine import Engine
 from reame_core.engine.slots import common_prefix
 from reame_core.request import Event, GenerationRequest, TokenEvent, TokenLogprob
@@ -112,12 +117,28 @@ def diverging_cap(sequences: int, tokens: int, flip_rate: float) -> int:
     return sequences
 
 
+def verification_is_exact(backend: Backend, directory: Path) -> bool:
+    """Whether verifying drafts is exact for `backend`'s model here, as the server checks
+    it at start (reame_core/backend/verification_check.py); the backend's sequences are
+    emptied first, as the check needs, and left empty."""
+    for seq_id in range(backend.info.n_seq_max):
+        backend.seq_rm(seq_id, -1, -1)
+    exact = verification_check.verification_exact(backend, directory)
+    assert exact is not None, "the test's backend is too small for the check"
+    return exact
+
+
 def assert_near_ties(
-    plains: Sequence[PlainRun], others: Sequence[Sequence[int]], flip_rate: float
+    plains: Sequence[PlainRun], others: Sequence[Sequence[int]], flip_rate: float, *, exact: bool
 ) -> list[Divergence]:
-    """Every other path equals its plain path up to a first divergence, if any; there the
-    plain path's gap to the emitted token is below `GAP_BOUND`; and no more sequences
-    diverge than `diverging_cap` allows. Returns the divergences, for the test's output."""
+    """Every other path equals its plain path: token for token where the paths are `exact`
+    (as `verification_is_exact` finds verifying drafts for the model here); otherwise up to
+    a first divergence, if any, where the plain path's gap to the emitted token is below
+    `GAP_BOUND`, and no more sequences diverge than `diverging_cap` allows. Returns the
+    divergences, for the test's output."""
+    if exact:
+        assert [list(other) for other in others] == [list(plain.tokens) for plain in plains]
+        return []
     divergences = [
         d
         for plain, other in zip(plains, others, strict=True)

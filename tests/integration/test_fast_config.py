@@ -85,4 +85,4 @@ def test_concurrent_greedy_runs_follow_serial_runs_but_at_near_ties(
     forget_kv(engine)
     together = [finished.candidates[0].tokens for finished in generate_together(engine, requests)]
     assert all(len(tokens) == MAX_TOKENS for tokens in together)
-    assert_near_ties(serial, together, BATCH_FLIP_RATE)
+    assert_near_ties(serial, together, BATCH_FLIP_RATE, exact=False)

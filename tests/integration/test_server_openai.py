@@ -19,8 +19,9 @@ API_KEY = "test-key-123"
 
 @pytest.fixture(scope="module")
 def server_url() -> Iterator[str]:
-    # Speculation off: several tests compare answers bit for bit, which this build
-    # guarantees without it (see runtime.determinism_note); requests may turn it on.
+    # Speculation off: several tests compare answers bit for bit, which every build
+    # guarantees without it (with it, only where the server's check finds verifying drafts
+    # exact: runtime.determinism_note); requests may turn it on.
     with reame_serve(
         "--parallel", "8", "--ctx", "1024", "--threads", "2", "--api-key", API_KEY,
         "--speculate", "off",
@@ -219,17 +220,22 @@ def test_a_request_can_turn_speculation_on(client: openai.OpenAI) -> None:
 def test_the_default_governor_weighs_prompt_lookup_where_text_repeats() -> None:
     """Whether `auto` verifies drafts depends on the decode costs it measures, which a busy
     host changes (a quiet one verified 21 and accepted 18 here); that it asked prompt
-    lookup, judged its drafts and accounted for what it verified does not."""
+    lookup, judged its drafts and accounted for what it verified does not. Speculation on,
+    the server checked at start whether verifying drafts is exact for the model here, and
+    says which."""
     with reame_serve("--parallel", "2", "--ctx", "1024", "--threads", "2") as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
         _, timings = _repeat(client)
         report = httpx.get(f"{url}/speculation").json()
+        guarantees = httpx.get(f"{url}/status").json()["guarantees"]
 
     assert report["mode"] == "auto"
     lookup = next(source for source in report["sources"] if source["source"] == "prompt_lookup")
     assert lookup["drafts"] + lookup["shadow_drafts"] > 0, lookup
     verified = timings.get("drafts", {}).get("prompt_lookup", {"proposed": 0, "accepted": 0})
     assert (lookup["proposed"], lookup["accepted"]) == (verified["proposed"], verified["accepted"])
+    assert "speculative verification is exact" in guarantees
+    assert guarantees.endswith(("(checked for this model, build and CPU)", "CPU (checked)"))
 
 
 def test_requests_without_the_key_are_refused(server_url: str) -> None:
