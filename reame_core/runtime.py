@@ -17,12 +17,12 @@ from reame_core.autoconfig.facts import read_host_facts
 from reame_core.autoconfig.plan import HostPlan, plan_host
 from reame_core.backend.attention_timing import time_attention
 from reame_core.backend.base import Backend
+from reame_core.backend.pass_check import PassCheck, check_passes
 from reame_core.backend.probe import (
     BuildVerdict,
     attention_facts,
     ensure_build_runs,
 )
-from reame_core.backend.verification_check import verification_exact as check_verification
 from reame_core.engine.engine import Engine
 from reame_core.hooktypes import DiskNeed
 from reame_core.models import ModelStore, ResolvedModel
@@ -40,8 +40,9 @@ class Runtime:
     engine: Engine
     # The host plan the model was loaded with (None for a backend the caller supplied).
     plan: HostPlan | None = None
-    # Whether verifying drafts is exact for this model here (None: not checked).
-    verification_exact: bool | None = None
+    # Whether a row's logits depend on the pass that computes it, for this model here
+    # (None: not checked).
+    passes: PassCheck | None = None
     _closed: bool = field(default=False, init=False, repr=False)
 
     @cached_property
@@ -132,7 +133,7 @@ def start_runtime(
     """
     plugins = plugins or PluginHost(settings.disable_plugins)
     plan = None
-    verification_exact = None
+    passes = None
     if backend is None:
         # Before llama.cpp is loaded into this process: the check runs it in a child.
         build = build or ensure_build_runs(settings)
@@ -143,9 +144,9 @@ def start_runtime(
             log.warning("host configuration", problem=warning)
         settings = settings.with_plugin_defaults(preparation.plan.plugin_defaults())
         backend = load_backend(settings, preparation, use_extra_bufts=build.use_extra_bufts)
-        if settings.deterministic and settings.speculate != "off":
+        if settings.deterministic:
             # On the fresh model, before any sequence holds KV.
-            verification_exact = check_verification(backend, settings.cache_path)
+            passes = check_passes(backend, settings.cache_path)
     plugins.configure(settings, backend.info)
     engine = Engine(
         backend,
@@ -157,6 +158,7 @@ def start_runtime(
         max_sessions=settings.max_sessions,
         sessions_first=settings.sessions_first,
         exact_reuse=settings.deterministic,
+        rows_exact=passes is not None and bool(passes.chunks_exact),
     ).start()
     log.info(
         "engine ready",
@@ -165,30 +167,30 @@ def start_runtime(
         ctx_per_slot=backend.info.n_ctx_seq,
         kv_type=backend.info.kv_type,
         deterministic=settings.deterministic,
-        guarantees=determinism_note(backend, settings, verification_exact),
+        guarantees=determinism_note(backend, settings, passes),
     )
-    return Runtime(settings, plugins, backend, engine, plan, verification_exact)
+    return Runtime(settings, plugins, backend, engine, plan, passes)
 
 
-def determinism_note(
-    backend: Backend, settings: Settings, verification_exact: bool | None = None
-) -> str:
-    """What the running configuration guarantees about repeatable outputs;
-    `verification_exact` as `backend.verification_check` found it (None: not checked, and
-    then a build with llamafile's kernels is taken not to be exact)."""
+def determinism_note(backend: Backend, settings: Settings, passes: PassCheck | None = None) -> str:
+    """What the running configuration guarantees about repeatable outputs; `passes` as
+    `backend.pass_check` found them (None: not checked, and then a build with llamafile's
+    kernels is taken not to verify drafts exactly)."""
     if not settings.deterministic:
         return "fast mode: outputs may differ slightly with batch neighbours and cache hits"
-    exact = (
-        "deterministic: batching, prefix reuse and candidate clones are bit-exact (generated "
-        "tokens are reused only once recomputed as a prompt chunk)"
-    )
-    if verification_exact is not None:
-        return exact + (
-            "; speculative verification is exact too (checked for this model, build and CPU)"
-            if verification_exact
-            else "; speculative verification is exact only up to near-ties for this model, "
-            "build and CPU (checked)"
+    checked = "checked for this model, build and CPU"
+    if passes is not None and passes.chunks_exact:
+        reuse = (
+            f"a row's logits do not depend on the pass computing it ({checked}): "
+            "generated tokens are reused as computed"
         )
+    else:
+        reuse = "generated tokens are reused only once recomputed as a prompt chunk"
+    exact = f"deterministic: batching, prefix reuse and candidate clones are bit-exact ({reuse})"
+    if passes is not None:
+        if passes.verification_exact:
+            return exact + f"; speculative verification is exact too ({checked})"
+        return exact + f"; speculative verification is exact only up to near-ties ({checked})"
     if backend.info.extra.get("llamafile"):
         return exact + "; speculative verification is exact only up to near-ties on this build"
     return exact + "; speculative verification is exact too"

@@ -75,6 +75,7 @@ class Engine:
         max_sessions: int | None = None,
         sessions_first: bool = True,
         exact_reuse: bool = True,
+        rows_exact: bool = False,
         cpu_share: CpuShare | None = None,
         adapt_threads: bool = True,
     ) -> None:
@@ -82,7 +83,9 @@ class Engine:
         self.info = backend.info
         self.plugins = plugins or PluginHost(discover=False)
         self.hook = self.plugins.hook
-        self.slots = KVSlots(backend, max_sessions, exact_reuse=exact_reuse)
+        # Where a row does not depend on its pass (`backend.pass_check`), a generated answer's
+        # KV is what a prompt chunk would compute: reused as it is, like fast mode's.
+        self.slots = KVSlots(backend, max_sessions, exact_reuse=exact_reuse and not rows_exact)
         draft_sources = {
             impl.plugin_name: impl for impl in self.hook.reame_propose_drafts.get_hookimpls()
         }

@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from near_tie import verification_is_exact
+from near_tie import checked_passes
 
 from reame_core.autoconfig.plan import flash_attn_choice
 from reame_core.backend.base import Backend
 from reame_core.backend.llama import LlamaBackend
+from reame_core.backend.pass_check import PassCheck
 from reame_core.backend.probe import BuildVerdict, cpu_flags, ensure_build_runs
 from reame_core.backend.probe_child import ROW_EXACT_ENV
 from reame_core.engine.engine import Engine
@@ -159,9 +160,15 @@ def backend(
 
 
 @pytest.fixture(scope="session")
-def verification_exact(backend: LlamaBackend, tmp_path_factory: pytest.TempPathFactory) -> bool:
+def pass_check(backend: LlamaBackend, tmp_path_factory: pytest.TempPathFactory) -> PassCheck:
+    """Whether a row's logits depend on its pass for SmolLM2 here, as the server checks it."""
+    return checked_passes(backend, tmp_path_factory.mktemp("passes"))
+
+
+@pytest.fixture(scope="session")
+def verification_exact(pass_check: PassCheck) -> bool:
     """Whether verifying drafts is exact for SmolLM2 here, as the server checks it."""
-    return verification_is_exact(backend, tmp_path_factory.mktemp("verification"))
+    return pass_check.verification_exact
 
 
 @pytest.fixture(scope="module")

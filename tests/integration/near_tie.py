@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reame_core.backend import verification_check
 from reame_core.backend.base import Backend
+from reame_core.backend.pass_check import PassCheck, check_passes
 from reame_core.engine.engine import Engine
 from reame_core.engine.slots import common_prefix
 from reame_core.request import Event, GenerationRequest, TokenEvent, TokenLogprob
@@ -117,15 +117,20 @@ def diverging_cap(sequences: int, tokens: int, flip_rate: float) -> int:
     return sequences
 
 
-def verification_is_exact(backend: Backend, directory: Path) -> bool:
-    """Whether verifying drafts is exact for `backend`'s model here, as the server checks
-    it at start (reame_core/backend/verification_check.py); the backend's sequences are
+def checked_passes(backend: Backend, directory: Path) -> PassCheck:
+    """Whether a row's logits depend on its pass for `backend`'s model here, as the server
+    checks it at start (reame_core/backend/pass_check.py); the backend's sequences are
     emptied first, as the check needs, and left empty."""
     for seq_id in range(backend.info.n_seq_max):
         backend.seq_rm(seq_id, -1, -1)
-    exact = verification_check.verification_exact(backend, directory)
-    assert exact is not None, "the test's backend is too small for the check"
-    return exact
+    check = check_passes(backend, directory)
+    assert check is not None, "the test's backend is too small for the check"
+    return check
+
+
+def verification_is_exact(backend: Backend, directory: Path) -> bool:
+    """Whether verifying drafts is exact for `backend`'s model here (`checked_passes`)."""
+    return checked_passes(backend, directory).verification_exact
 
 
 def assert_near_ties(

@@ -20,6 +20,7 @@ import pytest
 
 from reame_core.backend.base import Backend
 from reame_core.backend.llama import LlamaBackend
+from reame_core.backend.pass_check import PassCheck
 from reame_core.chat import encode_chat
 from reame_core.engine.engine import Engine
 from reame_core.engine.slots import common_prefix
@@ -271,6 +272,42 @@ def test_second_chat_turn_gives_the_cold_tokens(
     cold = engine.generate(request(second_turn, max_tokens=48, ignore_eos=True))
 
     assert warm.usage.cached_tokens > 200
+    assert tokens_of(warm) == tokens_of(cold)
+
+
+def test_where_rows_do_not_depend_on_their_pass_a_second_turn_reuses_the_answer(
+    backend: LlamaBackend,
+    make_engine: Callable[..., Engine],
+    forget_kv: Forget,
+    pass_check: PassCheck,
+) -> None:
+    """Where the server's check finds a row's logits the same whatever pass computes it, the
+    engine reuses a generated answer's KV as it is (`rows_exact`); the next turn must then
+    give the tokens of a cold run all the same."""
+    if not pass_check.chunks_exact:
+        pytest.skip(f"here rows depend on their pass ({pass_check}): answers are recomputed")
+    engine = make_engine(backend, rows_exact=True)
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "Name a famous painter."},
+    ]
+    first_prompt = encode_chat(backend.info, messages)
+    first = engine.generate(request(first_prompt, max_tokens=64))
+    messages += [
+        {"role": "assistant", "content": first.candidates[0].text},
+        {"role": "user", "content": "Say that again, but shorter."},
+    ]
+    second_turn = encode_chat(backend.info, messages)
+    answer = first.candidates[0]
+    # A token is decoded once another is sampled after it: at a stop, every answer token.
+    decoded = answer.tokens if answer.finish_reason == "stop" else answer.tokens[:-1]
+    in_kv = [*first_prompt, *decoded]
+
+    warm = engine.generate(request(second_turn, max_tokens=48, ignore_eos=True))
+    forget_kv(engine)
+    cold = engine.generate(request(second_turn, max_tokens=48, ignore_eos=True))
+
+    assert warm.usage.cached_tokens == common_prefix(in_kv, second_turn) > len(first_prompt)
     assert tokens_of(warm) == tokens_of(cold)
 
 

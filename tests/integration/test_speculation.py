@@ -2,7 +2,7 @@
 
 Verifying k drafts computes them as one micro-batch, which is bit-identical to decoding
 them one by one for some models, builds and CPUs and not for others; the server checks which
-(reame_core/backend/verification_check.py). Where it is, greedy outputs with drafts must
+(reame_core/backend/pass_check.py). Where it is, greedy outputs with drafts must
 equal the plain path token for token; elsewhere up to a first divergence, where the plain
 path must have been at a near-tie, no more often than the measured drift allows (see
 near_tie.py). The draft-model pair is

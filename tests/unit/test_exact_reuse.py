@@ -11,6 +11,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
+
 from reame_core.backend.base import Batch
 from reame_core.backend.fake import FakeBackend
 from reame_core.engine.engine import Engine
@@ -81,8 +83,19 @@ def _finish(engine: Engine, request: GenerationRequest) -> FinishEvent:
     return events[-1]
 
 
-def test_fast_mode_reuses_generated_tokens_directly() -> None:
-    engine = Engine(FakeBackend(), exact_reuse=False).start()
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"exact_reuse": False},  # fast mode
+        # The server's pass check found a row's logits the same whatever pass computes it:
+        # an answer's KV is what a chunk would compute, reused at once and without the grid.
+        {"exact_reuse": True, "rows_exact": True},
+    ],
+)
+def test_generated_tokens_are_reused_directly_where_reuse_need_not_wait_for_chunks(
+    options: dict[str, bool],
+) -> None:
+    engine = Engine(FakeBackend(chunk_grid=16), **options).start()
     try:
         prompt = _prompt("Tell me something.")
         first = engine.generate(GenerationRequest(prompt, SamplingParams(max_tokens=12)))
@@ -90,6 +103,7 @@ def test_fast_mode_reuses_generated_tokens_directly() -> None:
         follow_up = [*prompt, *answer, *b" And more?"]
         second = engine.generate(GenerationRequest(follow_up, SamplingParams(max_tokens=4)))
         assert second.usage.cached_tokens == len(prompt) + len(answer) - 1
+        assert engine.slots.grid == 1
     finally:
         engine.stop()
 

@@ -1,0 +1,157 @@
+"""Whether a row gets the same logits whatever pass computes it, for this model on this build
+and CPU: measured once, kept.
+
+Verifying k drafts computes them as the rows of one pass, where plain decoding computes
+each in a pass of its own; a prompt chunk computes a prompt's tokens as the rows of one
+pass, where the answer before it was computed a token a pass. Whether a row gets the same
+logits either way depends on the kernel each product takes, and that depends on the
+product's rows, the row's place among them, the weights' types and the CPU: llamafile's
+kernels, ggml's repacked and AMX ones and Reame's row kernels are each bit-identical to
+ggml's one-row product or not (docs/ARCHITECTURE.md, "Determinism"). No rule written down
+covers every build, CPU and model, so it is measured. After a context that ends off the
+chunk grid, `TOKENS` tokens are decoded one per pass, then in passes of each size a draft is
+verified in (`STEP_SIZES`, from the first of them), and, where those agree, as the last rows
+of prompt chunks of each size (`CHUNK_SIZES`, the chunk recomputing the context's last
+tokens); every row's logits are compared bit for bit. Where all agree, a row's KV does not
+depend on the pass that computed it either (each compared row reads the KV of the rows
+before it), so the engine reuses a generated answer's KV as it is.
+
+The answer is kept under the model's fingerprint (the model file, its KV and attention
+configuration, the build and its CPU features): each model is checked once per build, CPU
+and configuration.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import structlog
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from reame_core.backend.base import Backend, Batch
+from reame_core.backend.probe import verdicts_dir, write_atomically
+
+log = structlog.get_logger(__name__)
+
+CONTEXT = 113  # tokens before the compared ones: a chunk's worth, ending off the grid of 16
+TOKENS = 17  # compared: a draft of 16 and the token after it
+STEP_SIZES = (2, 4, 8, TOKENS)  # verification passes: about the kernels' thresholds and groups
+# Prompt chunks ending at the last compared token: ggml's AMX kernels take products of up
+# to 12 rows, of 33 to 128 and of more along three paths (scripts/patches).
+CHUNK_SIZES = (48, 100, CONTEXT + TOKENS)
+SEQ = 0
+
+
+class PassCheck(BaseModel):
+    """One model's answer on one build and CPU."""
+
+    model_config = ConfigDict(frozen=True)
+
+    verification_exact: bool  # every step size gave the rows of one-token steps
+    differing: tuple[int, ...]  # sizes (steps or chunks) whose rows differ
+    chunks_exact: bool | None  # every chunk size did too (None: not checked)
+    checked_at: float
+
+
+def check_path(cache_dir: Path, fingerprint: str) -> Path:
+    return verdicts_dir(cache_dir) / f"passes-{fingerprint}.json"
+
+
+def check_passes(backend: Backend, cache_dir: Path) -> PassCheck | None:
+    """The kept answer for this backend's fingerprint, or one measured now on sequence
+    `SEQ`, which must be empty and is left empty. None where the backend's batch or context
+    is too small to check."""
+    info = backend.info
+    if info.n_batch < CONTEXT + TOKENS or info.n_ctx_seq < CONTEXT + TOKENS:
+        return None
+    path = check_path(cache_dir, info.fingerprint)
+    try:
+        return PassCheck.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        pass
+    except (OSError, ValidationError) as error:
+        log.warning("unreadable pass check, checking again", error=str(error))
+    log.info("checking whether rows depend on their pass (once per model, build and CPU)")
+    began = time.perf_counter()
+    check = measure(backend)
+    write_atomically(path, check.model_dump_json())
+    log.info(
+        "passes checked",
+        verification_exact=check.verification_exact,
+        chunks_exact=check.chunks_exact,
+        differing=list(check.differing),
+        seconds=round(time.perf_counter() - began, 2),
+    )
+    return check
+
+
+def measure(backend: Backend) -> PassCheck:
+    """Compare the compared tokens' rows along every path (see the module docstring)."""
+    rng = np.random.default_rng(7)
+    tokens = [int(t) for t in rng.integers(0, backend.info.n_vocab, CONTEXT + TOKENS)]
+    try:
+        _decode(backend, tokens[:CONTEXT], 0, logits=0)
+        steps = _steps(backend, tokens, 1)
+        step_differing = tuple(
+            size for size in STEP_SIZES if not np.array_equal(_steps(backend, tokens, size), steps)
+        )
+        chunk_differing: tuple[int, ...] = ()
+        chunks_exact = None
+        if not step_differing:  # chunks matter only where the decode paths agree
+            chunk_differing = tuple(
+                size
+                for size in CHUNK_SIZES
+                if not np.array_equal(_chunk(backend, tokens, size), steps)
+            )
+            chunks_exact = not chunk_differing
+        return PassCheck(
+            verification_exact=not step_differing,
+            differing=step_differing + chunk_differing,
+            chunks_exact=chunks_exact,
+            checked_at=time.time(),
+        )
+    finally:
+        backend.seq_rm(SEQ, -1, -1)
+
+
+def _steps(backend: Backend, tokens: Sequence[int], size: int) -> np.ndarray:
+    """The compared tokens' logits (as raw bits), decoded in passes of `size` tokens (the
+    last pass holds the rest) after the context, which the sequence holds and is left
+    holding alone."""
+    rows = [
+        _decode(backend, tokens[start : start + size], start, logits=size)
+        for start in range(CONTEXT, len(tokens), size)
+    ]
+    _keep(backend, tokens, CONTEXT)
+    return np.concatenate(rows).view(np.uint32)
+
+
+def _chunk(backend: Backend, tokens: Sequence[int], size: int) -> np.ndarray:
+    """The compared tokens' logits (as raw bits) as the last rows of one pass of `size`
+    tokens, after the context's first tokens as the context's own pass computed them."""
+    start = len(tokens) - size
+    _keep(backend, tokens, start)
+    rows = _decode(backend, tokens[start:], start, logits=TOKENS)
+    _keep(backend, tokens, CONTEXT)
+    return rows.view(np.uint32)
+
+
+def _keep(backend: Backend, tokens: Sequence[int], length: int) -> None:
+    """Cut the sequence back to its first `length` tokens; where a model's sequences cannot
+    be cut, compute them again in one pass."""
+    if backend.info.prefix_trim_safe and backend.seq_rm(SEQ, length, -1):
+        return
+    backend.seq_rm(SEQ, -1, -1)
+    if length > 0:
+        _decode(backend, tokens[:length], 0, logits=0)
+
+
+def _decode(backend: Backend, tokens: Sequence[int], position: int, *, logits: int) -> np.ndarray:
+    """One pass of `tokens` from `position`, the logits of its last `logits` rows."""
+    batch = Batch()
+    for offset, token in enumerate(tokens):
+        batch.add(token, position + offset, SEQ, offset >= len(tokens) - logits)
+    return np.array(backend.decode(batch), copy=True)

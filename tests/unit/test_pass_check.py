@@ -1,0 +1,153 @@
+"""The server's check of whether a row's logits depend on the pass computing it: one-token
+steps against passes of every size a draft is verified in, then against prompt chunks
+ending at the same tokens, bit for bit; kept per model fingerprint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reame_core.backend.base import Batch
+from reame_core.backend.fake import FakeBackend
+from reame_core.backend.pass_check import (
+    CHUNK_SIZES,
+    SEQ,
+    STEP_SIZES,
+    PassCheck,
+    check_passes,
+    check_path,
+)
+from reame_core.runtime import determinism_note
+from reame_core.settings import Settings
+
+
+class DriftingBackend(FakeBackend):
+    """A backend whose passes of `drift_from` rows or more give every row slightly other
+    logits, as a kernel taken only for products of several rows would."""
+
+    def __init__(self, drift_from: int, *, recurrent: bool = False) -> None:
+        super().__init__(recurrent=recurrent)
+        self.drift_from = drift_from
+
+    def decode(self, batch: Batch) -> np.ndarray:
+        logits = super().decode(batch)
+        if len(batch) >= self.drift_from:
+            return np.nextafter(logits, np.float32(np.inf))
+        return logits
+
+
+def kept(directory: Path, backend: FakeBackend) -> PassCheck:
+    return PassCheck.model_validate_json(
+        check_path(directory, backend.info.fingerprint).read_bytes()
+    )
+
+
+def test_a_backend_whose_rows_never_drift_is_exact_everywhere_and_left_empty(
+    tmp_path: Path,
+) -> None:
+    backend = FakeBackend()
+
+    check = check_passes(backend, tmp_path)
+
+    assert check is not None and check.verification_exact and check.chunks_exact
+    assert check.differing == ()
+    assert kept(tmp_path, backend) == check
+    assert backend.kv[SEQ] == []
+
+
+@pytest.mark.parametrize("drift_from", [2, 4, 5, 9])
+def test_verification_passes_from_the_size_a_kernel_changes_at_are_found(
+    tmp_path: Path, drift_from: int
+) -> None:
+    backend = DriftingBackend(drift_from)
+
+    check = check_passes(backend, tmp_path)
+
+    assert check is not None and not check.verification_exact
+    assert check.differing == tuple(size for size in STEP_SIZES if size >= drift_from)
+    assert check.chunks_exact is None  # not asked where verification already differs
+    assert backend.kv[SEQ] == []
+
+
+@pytest.mark.parametrize("drift_from", [30, 64, CHUNK_SIZES[-1]])
+def test_prompt_chunks_that_compute_rows_otherwise_are_found(
+    tmp_path: Path, drift_from: int
+) -> None:
+    backend = DriftingBackend(drift_from)
+
+    check = check_passes(backend, tmp_path)
+
+    assert check is not None and check.verification_exact and check.chunks_exact is False
+    assert check.differing == tuple(size for size in CHUNK_SIZES if size >= drift_from)
+    assert backend.kv[SEQ] == []
+
+
+def test_the_answer_is_kept_and_not_measured_again(tmp_path: Path) -> None:
+    backend = FakeBackend()
+    check_passes(backend, tmp_path)
+    calls = backend.decode_calls
+
+    assert check_passes(backend, tmp_path) == kept(tmp_path, backend)
+    assert backend.decode_calls == calls
+    other = FakeBackend(name="another model")  # another fingerprint: checked on its own
+    check_passes(other, tmp_path)
+    assert other.decode_calls > 0
+
+
+def test_an_unreadable_answer_is_measured_again(tmp_path: Path) -> None:
+    backend = DriftingBackend(2)
+    path = check_path(tmp_path, backend.info.fingerprint)
+    path.parent.mkdir(parents=True)
+    path.write_text('{"verification_exact": tr')
+
+    check = check_passes(backend, tmp_path)
+
+    assert check is not None and not check.verification_exact
+    assert backend.decode_calls > 0
+    assert kept(tmp_path, backend) == check
+
+
+@pytest.mark.parametrize("drift_from", [2, 64, 1000])
+def test_a_model_whose_sequences_cannot_be_cut_is_checked_by_computing_again(
+    tmp_path: Path, drift_from: int
+) -> None:
+    backend = DriftingBackend(drift_from, recurrent=True)
+
+    check = check_passes(backend, tmp_path)
+
+    assert check is not None
+    assert check.verification_exact == (drift_from > max(STEP_SIZES))
+    assert check.chunks_exact == (None if drift_from == 2 else drift_from > max(CHUNK_SIZES))
+    assert backend.kv[SEQ] == []
+
+
+def test_a_backend_too_small_for_the_check_is_not_checked(tmp_path: Path) -> None:
+    backend = FakeBackend(n_batch=64)
+
+    assert check_passes(backend, tmp_path) is None
+    assert backend.decode_calls == 0
+
+
+def passes(verification: bool, chunks: bool | None) -> PassCheck:
+    return PassCheck(
+        verification_exact=verification, differing=(), chunks_exact=chunks, checked_at=0.0
+    )
+
+
+def test_the_guarantees_say_what_the_check_found() -> None:
+    backend = FakeBackend()
+    settings = Settings()
+
+    everywhere = determinism_note(backend, settings, passes(True, True))
+    assert "generated tokens are reused as computed" in everywhere
+    assert everywhere.endswith("verification is exact too (checked for this model, build and CPU)")
+    verification_only = determinism_note(backend, settings, passes(True, False))
+    assert "reused only once recomputed as a prompt chunk" in verification_only
+    assert verification_only.endswith("exact too (checked for this model, build and CPU)")
+    drifting = determinism_note(backend, settings, passes(False, None))
+    assert drifting.endswith("exact only up to near-ties (checked for this model, build and CPU)")
+    unchecked = determinism_note(backend, settings)  # a fake has no llamafile kernels
+    assert unchecked.endswith("speculative verification is exact too")
+    assert determinism_note(backend, Settings(deterministic=False)).startswith("fast mode")
