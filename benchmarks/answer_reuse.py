@@ -104,7 +104,7 @@ def main() -> None:
         "command": " ".join(["python", "benchmarks/answer_reuse.py", *sys.argv[1:]]),
         "pass_check": None if check is None else check.model_dump(exclude={"checked_at"}),
     }
-    if check is None or not check.chunks_exact:
+    if check is None or not check.exact:
         report["result"] = (
             "rows depend on their pass here: answers are recomputed, nothing to compare"
         )

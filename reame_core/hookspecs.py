@@ -193,7 +193,8 @@ def reame_prefix_store_points(
 
     The scheduler ends a prefill chunk at each point beyond the reused prefix, then calls
     ``reame_prefix_store``. A point is first moved back to the model's chunk grid
-    (`ModelInfo.chunk_grid`), where prompt chunks start. A point that would make a one-token
+    (`ModelInfo.chunk_grid`), where prompt chunks start, unless the server found the model's
+    rows independent of their pass (`backend.pass_check`). A point that would make a one-token
     chunk (one token past the previous point, or one before the prompt's end) is skipped: a
     lone token is computed along another kernel path. Each snapshot copies the state on the
     engine thread: name only prefixes the plugin does not hold yet.

@@ -96,7 +96,8 @@ class ModelInfo:
     prefixes of such a length are reused. llama.cpp's CPU matrix kernels compute a
     micro-batch's rows four at a time and the leftover rows one at a time along another
     path, so a prompt token's KV is the same in every run only if it sits at the same place
-    in its group of four whichever chunk computed it.
+    in its group of four whichever chunk computed it. The engine drops the grid where the
+    server's pass check found a row's logits the same whatever pass computes it.
     """
 
     name: str

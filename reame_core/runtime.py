@@ -158,7 +158,7 @@ def start_runtime(
         max_sessions=settings.max_sessions,
         sessions_first=settings.sessions_first,
         exact_reuse=settings.deterministic,
-        rows_exact=passes is not None and bool(passes.chunks_exact),
+        rows_exact=passes is not None and passes.exact,
     ).start()
     log.info(
         "engine ready",
@@ -174,23 +174,23 @@ def start_runtime(
 
 def determinism_note(backend: Backend, settings: Settings, passes: PassCheck | None = None) -> str:
     """What the running configuration guarantees about repeatable outputs; `passes` as
-    `backend.pass_check` found them (None: not checked, and then a build with llamafile's
-    kernels is taken not to verify drafts exactly)."""
+    `backend.pass_check` found them (None: not checked)."""
     if not settings.deterministic:
         return "fast mode: outputs may differ slightly with batch neighbours and cache hits"
-    checked = "checked for this model, build and CPU"
-    if passes is not None and passes.chunks_exact:
-        reuse = (
-            f"a row's logits do not depend on the pass computing it ({checked}): "
-            "generated tokens are reused as computed"
+    exact = "deterministic: batching, prefix reuse and candidate clones are bit-exact"
+    if passes is None:
+        return (
+            f"{exact} (generated tokens are reused only once recomputed as a prompt chunk); "
+            "speculative verification is exact at least up to near-ties (not checked for "
+            "this model)"
         )
-    else:
-        reuse = "generated tokens are reused only once recomputed as a prompt chunk"
-    exact = f"deterministic: batching, prefix reuse and candidate clones are bit-exact ({reuse})"
-    if passes is not None:
-        if passes.verification_exact:
-            return exact + f"; speculative verification is exact too ({checked})"
-        return exact + f"; speculative verification is exact only up to near-ties ({checked})"
-    if backend.info.extra.get("llamafile"):
-        return exact + "; speculative verification is exact only up to near-ties on this build"
-    return exact + "; speculative verification is exact too"
+    checked = "checked for this model, build and CPU"
+    if passes.exact:
+        return (
+            f"{exact}, and a row's logits do not depend on the pass computing it ({checked}): "
+            "generated tokens are reused as computed, and speculative verification is exact too"
+        )
+    return (
+        f"{exact} (generated tokens are reused only once recomputed as a prompt chunk); "
+        f"speculative verification is exact only up to near-ties ({checked})"
+    )

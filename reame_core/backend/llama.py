@@ -60,8 +60,9 @@ def system_info() -> str:
 
 
 def build_has_llamafile() -> bool:
-    """Builds with LLAMAFILE use matrix kernels whose results depend on batch shape, so
-    verifying drafts in one batch is not bit-identical to decoding them one by one."""
+    """Whether the build has llamafile's matrix kernels, which take products of two rows or
+    more for some weight types (whether a row then depends on its pass is measured per
+    model: `backend.pass_check`)."""
     return "LLAMAFILE = 1" in system_info()
 
 

@@ -2,23 +2,27 @@
 and CPU: measured once, kept.
 
 Verifying k drafts computes them as the rows of one pass, where plain decoding computes
-each in a pass of its own; a prompt chunk computes a prompt's tokens as the rows of one
-pass, where the answer before it was computed a token a pass. Whether a row gets the same
-logits either way depends on the kernel each product takes, and that depends on the
-product's rows, the row's place among them, the weights' types and the CPU: llamafile's
-kernels, ggml's repacked and AMX ones and Reame's row kernels are each bit-identical to
-ggml's one-row product or not (docs/ARCHITECTURE.md, "Determinism"). No rule written down
-covers every build, CPU and model, so it is measured. After a context that ends off the
-chunk grid, `TOKENS` tokens are decoded one per pass, then in passes of each size a draft is
-verified in (`STEP_SIZES`, from the first of them), and, where those agree, as the last rows
-of prompt chunks of each size (`CHUNK_SIZES`, the chunk recomputing the context's last
-tokens); every row's logits are compared bit for bit. Where all agree, a row's KV does not
-depend on the pass that computed it either (each compared row reads the KV of the rows
-before it), so the engine reuses a generated answer's KV as it is.
+each in a pass of its own; a decode step holds the rows of every sequence decoding; a prompt
+chunk computes a prompt's tokens as the rows of one pass, where the answer before it was
+computed a token a pass. Whether a row gets the same logits either way depends on the
+kernel each product takes, and that depends on the product's rows, the row's place among
+them, the weights' types and the CPU: llamafile's kernels, ggml's repacked and AMX ones and
+Reame's row kernels are each bit-identical to ggml's one-row product or not
+(docs/ARCHITECTURE.md, "Determinism"). No rule written down covers every build, CPU and
+model, so it is measured. After a context that ends off the chunk grid, `TOKENS` tokens are
+decoded one per pass, then in passes of each size in `STEP_SIZES` from the first of them,
+then as the last rows of passes of each size in `CHUNK_SIZES` (the pass recomputing the
+context's last tokens); every row's logits are compared bit for bit. The passes' sizes
+sample the kernels' thresholds and groups (a pass's row count is what selects them, whichever
+sequences its rows belong to). Where all agree, verifying drafts is exact, and a row's KV
+does not depend on its pass either (each compared row reads the KV of the rows before it),
+so the engine reuses a generated answer's KV as it is. The compared rows read at most
+`CONTEXT + TOKENS` cells of KV; attention's paths over longer caches are the build check's
+question (`backend.probe`).
 
 The answer is kept under the model's fingerprint (the model file, its KV and attention
 configuration, the build and its CPU features): each model is checked once per build, CPU
-and configuration.
+and configuration. A check that cannot run (a decode fails) leaves the answer unknown.
 """
 
 from __future__ import annotations
@@ -31,16 +35,17 @@ import numpy as np
 import structlog
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from reame_core.backend.base import Backend, Batch
+from reame_core.backend.base import Backend, Batch, DecodeError
 from reame_core.backend.probe import verdicts_dir, write_atomically
 
 log = structlog.get_logger(__name__)
 
+VERSION = 1  # of the measurement: another version measures again
 CONTEXT = 113  # tokens before the compared ones: a chunk's worth, ending off the grid of 16
 TOKENS = 17  # compared: a draft of 16 and the token after it
-STEP_SIZES = (2, 4, 8, TOKENS)  # verification passes: about the kernels' thresholds and groups
-# Prompt chunks ending at the last compared token: ggml's AMX kernels take products of up
-# to 12 rows, of 33 to 128 and of more along three paths (scripts/patches).
+STEP_SIZES = (2, 4, 8, TOKENS)  # passes from the first compared token
+# Passes ending at the last compared token: ggml's AMX kernels take products of up to 12
+# rows, of 13 to 32, of 33 to 128 and of more along different paths (scripts/patches).
 CHUNK_SIZES = (48, 100, CONTEXT + TOKENS)
 SEQ = 0
 
@@ -50,23 +55,21 @@ class PassCheck(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    verification_exact: bool  # every step size gave the rows of one-token steps
-    differing: tuple[int, ...]  # sizes (steps or chunks) whose rows differ
-    chunks_exact: bool | None  # every chunk size did too (None: not checked)
+    exact: bool  # every pass gave the compared rows the logits of one-token steps
+    # The sizes whose rows differ: steps first; chunks are not tried once a step differs.
+    differing: tuple[int, ...]
     checked_at: float
 
 
 def check_path(cache_dir: Path, fingerprint: str) -> Path:
-    return verdicts_dir(cache_dir) / f"passes-{fingerprint}.json"
+    return verdicts_dir(cache_dir) / f"passes-v{VERSION}-{fingerprint}.json"
 
 
 def check_passes(backend: Backend, cache_dir: Path) -> PassCheck | None:
     """The kept answer for this backend's fingerprint, or one measured now on sequence
     `SEQ`, which must be empty and is left empty. None where the backend's batch or context
-    is too small to check."""
+    is too small to check, or a decode failed."""
     info = backend.info
-    if info.n_batch < CONTEXT + TOKENS or info.n_ctx_seq < CONTEXT + TOKENS:
-        return None
     path = check_path(cache_dir, info.fingerprint)
     try:
         return PassCheck.model_validate_json(path.read_bytes())
@@ -74,14 +77,22 @@ def check_passes(backend: Backend, cache_dir: Path) -> PassCheck | None:
         pass
     except (OSError, ValidationError) as error:
         log.warning("unreadable pass check, checking again", error=str(error))
+    if info.n_batch < CONTEXT + TOKENS or info.n_ctx_seq < CONTEXT + TOKENS:
+        return None
     log.info("checking whether rows depend on their pass (once per model, build and CPU)")
     began = time.perf_counter()
-    check = measure(backend)
-    write_atomically(path, check.model_dump_json())
+    try:
+        check = measure(backend)
+    except DecodeError as error:
+        log.warning("the pass check could not decode; not checked", error=str(error))
+        return None
+    try:
+        write_atomically(path, check.model_dump_json())
+    except OSError as error:
+        log.warning("the pass check's answer was not kept", error=str(error))
     log.info(
         "passes checked",
-        verification_exact=check.verification_exact,
-        chunks_exact=check.chunks_exact,
+        exact=check.exact,
         differing=list(check.differing),
         seconds=round(time.perf_counter() - began, 2),
     )
@@ -95,24 +106,21 @@ def measure(backend: Backend) -> PassCheck:
     try:
         _decode(backend, tokens[:CONTEXT], 0, logits=0)
         steps = _steps(backend, tokens, 1)
-        step_differing = tuple(
-            size for size in STEP_SIZES if not np.array_equal(_steps(backend, tokens, size), steps)
-        )
-        chunk_differing: tuple[int, ...] = ()
-        chunks_exact = None
-        if not step_differing:  # chunks matter only where the decode paths agree
-            chunk_differing = tuple(
+        # Rows that are not numbers would compare equal without computing anything alike.
+        differing: tuple[int, ...] = () if np.isfinite(steps.view(np.float32)).all() else (1,)
+        if not differing:
+            differing = tuple(
+                size
+                for size in STEP_SIZES
+                if not np.array_equal(_steps(backend, tokens, size), steps)
+            )
+        if not differing:
+            differing = tuple(
                 size
                 for size in CHUNK_SIZES
                 if not np.array_equal(_chunk(backend, tokens, size), steps)
             )
-            chunks_exact = not chunk_differing
-        return PassCheck(
-            verification_exact=not step_differing,
-            differing=step_differing + chunk_differing,
-            chunks_exact=chunks_exact,
-            checked_at=time.time(),
-        )
+        return PassCheck(exact=not differing, differing=differing, checked_at=time.time())
     finally:
         backend.seq_rm(SEQ, -1, -1)
 
@@ -131,7 +139,8 @@ def _steps(backend: Backend, tokens: Sequence[int], size: int) -> np.ndarray:
 
 def _chunk(backend: Backend, tokens: Sequence[int], size: int) -> np.ndarray:
     """The compared tokens' logits (as raw bits) as the last rows of one pass of `size`
-    tokens, after the context's first tokens as the context's own pass computed them."""
+    tokens, after the context's first tokens (as the context's own pass computed them,
+    where the sequence can be cut)."""
     start = len(tokens) - size
     _keep(backend, tokens, start)
     rows = _decode(backend, tokens[start:], start, logits=TOKENS)

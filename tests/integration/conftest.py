@@ -168,7 +168,7 @@ def pass_check(backend: LlamaBackend, tmp_path_factory: pytest.TempPathFactory) 
 @pytest.fixture(scope="session")
 def verification_exact(pass_check: PassCheck) -> bool:
     """Whether verifying drafts is exact for SmolLM2 here, as the server checks it."""
-    return pass_check.verification_exact
+    return pass_check.exact
 
 
 @pytest.fixture(scope="module")

@@ -130,7 +130,7 @@ def checked_passes(backend: Backend, directory: Path) -> PassCheck:
 
 def verification_is_exact(backend: Backend, directory: Path) -> bool:
     """Whether verifying drafts is exact for `backend`'s model here (`checked_passes`)."""
-    return checked_passes(backend, directory).verification_exact
+    return checked_passes(backend, directory).exact
 
 
 def assert_near_ties(

@@ -275,40 +275,49 @@ def test_second_chat_turn_gives_the_cold_tokens(
     assert tokens_of(warm) == tokens_of(cold)
 
 
-def test_where_rows_do_not_depend_on_their_pass_a_second_turn_reuses_the_answer(
+def test_where_rows_do_not_depend_on_their_pass_second_turns_reuse_the_answers(
     backend: LlamaBackend,
     make_engine: Callable[..., Engine],
     forget_kv: Forget,
+    generate_together: Together,
     pass_check: PassCheck,
 ) -> None:
     """Where the server's check finds a row's logits the same whatever pass computes it, the
-    engine reuses a generated answer's KV as it is (`rows_exact`); the next turn must then
-    give the tokens of a cold run all the same."""
-    if not pass_check.chunks_exact:
+    engine reuses a generated answer's KV as it is (`rows_exact`): answers written beside one
+    another, with drafts verified, and the next turns must give a cold run's tokens."""
+    if not pass_check.exact:
         pytest.skip(f"here rows depend on their pass ({pass_check}): answers are recomputed")
-    engine = make_engine(backend, rows_exact=True)
-    messages = [
-        {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": "Name a famous painter."},
+    engine = make_engine(backend, rows_exact=True, speculate="on")
+    questions = ["Name a famous painter.", "Repeat after me: the lamp is lit, the lamp is lit."]
+    conversations = [
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}] for q in questions
     ]
-    first_prompt = encode_chat(backend.info, messages)
-    first = engine.generate(request(first_prompt, max_tokens=64))
-    messages += [
-        {"role": "assistant", "content": first.candidates[0].text},
-        {"role": "user", "content": "Say that again, but shorter."},
-    ]
-    second_turn = encode_chat(backend.info, messages)
-    answer = first.candidates[0]
-    # A token is decoded once another is sampled after it: at a stop, every answer token.
-    decoded = answer.tokens if answer.finish_reason == "stop" else answer.tokens[:-1]
-    in_kv = [*first_prompt, *decoded]
+    first_prompts = [encode_chat(backend.info, messages) for messages in conversations]
+    firsts = generate_together(engine, [request(p, max_tokens=64) for p in first_prompts])
+    second_turns, answers = [], []
+    for messages, first in zip(conversations, firsts, strict=True):
+        answers.append(first.candidates[0].tokens)
+        messages += [
+            {"role": "assistant", "content": first.candidates[0].text},
+            {"role": "user", "content": "Say that again, but shorter."},
+        ]
+        second_turns.append(encode_chat(backend.info, messages))
 
-    warm = engine.generate(request(second_turn, max_tokens=48, ignore_eos=True))
-    forget_kv(engine)
-    cold = engine.generate(request(second_turn, max_tokens=48, ignore_eos=True))
+    warm = [engine.generate(request(turn, max_tokens=48, ignore_eos=True)) for turn in second_turns]
+    cold = []
+    for turn in second_turns:
+        forget_kv(engine)
+        cold.append(engine.generate(request(turn, max_tokens=48, ignore_eos=True)))
 
-    assert warm.usage.cached_tokens == common_prefix(in_kv, second_turn) > len(first_prompt)
-    assert tokens_of(warm) == tokens_of(cold)
+    for prompt, answer, turn, hot, computed in zip(
+        first_prompts, answers, second_turns, warm, cold, strict=True
+    ):
+        # The answer's last token is in the KV if a token was sampled after it, or a draft.
+        reused = hot.usage.cached_tokens
+        assert common_prefix([*prompt, *answer[:-1]], turn) <= reused
+        assert reused <= common_prefix([*prompt, *answer], turn)
+        assert reused > len(prompt)
+        assert tokens_of(hot) == tokens_of(computed)
 
 
 def test_session_turns_compute_only_the_new_message_and_give_the_cold_tokens(

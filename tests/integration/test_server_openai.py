@@ -234,8 +234,7 @@ def test_the_default_governor_weighs_prompt_lookup_where_text_repeats() -> None:
     assert lookup["drafts"] + lookup["shadow_drafts"] > 0, lookup
     verified = timings.get("drafts", {}).get("prompt_lookup", {"proposed": 0, "accepted": 0})
     assert (lookup["proposed"], lookup["accepted"]) == (verified["proposed"], verified["accepted"])
-    assert "speculative verification is exact" in guarantees
-    assert guarantees.endswith(("(checked for this model, build and CPU)", "CPU (checked)"))
+    assert "checked for this model, build and CPU" in guarantees
 
 
 def test_requests_without_the_key_are_refused(server_url: str) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reame_core.backend.base import Batch
+from reame_core.backend.base import Batch, DecodeError
 from reame_core.backend.fake import FakeBackend
 from reame_core.backend.pass_check import (
     CHUNK_SIZES,
@@ -44,15 +44,12 @@ def kept(directory: Path, backend: FakeBackend) -> PassCheck:
     )
 
 
-def test_a_backend_whose_rows_never_drift_is_exact_everywhere_and_left_empty(
-    tmp_path: Path,
-) -> None:
+def test_a_backend_whose_rows_never_drift_is_exact_and_left_empty(tmp_path: Path) -> None:
     backend = FakeBackend()
 
     check = check_passes(backend, tmp_path)
 
-    assert check is not None and check.verification_exact and check.chunks_exact
-    assert check.differing == ()
+    assert check is not None and check.exact and check.differing == ()
     assert kept(tmp_path, backend) == check
     assert backend.kv[SEQ] == []
 
@@ -65,9 +62,8 @@ def test_verification_passes_from_the_size_a_kernel_changes_at_are_found(
 
     check = check_passes(backend, tmp_path)
 
-    assert check is not None and not check.verification_exact
+    assert check is not None and not check.exact
     assert check.differing == tuple(size for size in STEP_SIZES if size >= drift_from)
-    assert check.chunks_exact is None  # not asked where verification already differs
     assert backend.kv[SEQ] == []
 
 
@@ -79,9 +75,37 @@ def test_prompt_chunks_that_compute_rows_otherwise_are_found(
 
     check = check_passes(backend, tmp_path)
 
-    assert check is not None and check.verification_exact and check.chunks_exact is False
+    assert check is not None and not check.exact
     assert check.differing == tuple(size for size in CHUNK_SIZES if size >= drift_from)
     assert backend.kv[SEQ] == []
+
+
+def test_rows_that_are_not_numbers_are_not_taken_for_exact(tmp_path: Path) -> None:
+    class Broken(FakeBackend):
+        def decode(self, batch: Batch) -> np.ndarray:
+            return np.full_like(super().decode(batch), np.nan)
+
+    backend = Broken()
+
+    check = check_passes(backend, tmp_path)
+
+    assert check is not None and not check.exact
+
+
+def test_a_failing_decode_leaves_the_answer_unknown_and_the_sequence_empty(
+    tmp_path: Path,
+) -> None:
+    class Failing(FakeBackend):
+        def decode(self, batch: Batch) -> np.ndarray:
+            if len(batch) == 4:
+                raise DecodeError("no room")
+            return super().decode(batch)
+
+    backend = Failing()
+
+    assert check_passes(backend, tmp_path) is None
+    assert backend.kv[SEQ] == []
+    assert not check_path(tmp_path, backend.info.fingerprint).exists()
 
 
 def test_the_answer_is_kept_and_not_measured_again(tmp_path: Path) -> None:
@@ -100,11 +124,11 @@ def test_an_unreadable_answer_is_measured_again(tmp_path: Path) -> None:
     backend = DriftingBackend(2)
     path = check_path(tmp_path, backend.info.fingerprint)
     path.parent.mkdir(parents=True)
-    path.write_text('{"verification_exact": tr')
+    path.write_text('{"exact": tr')
 
     check = check_passes(backend, tmp_path)
 
-    assert check is not None and not check.verification_exact
+    assert check is not None and not check.exact
     assert backend.decode_calls > 0
     assert kept(tmp_path, backend) == check
 
@@ -117,37 +141,37 @@ def test_a_model_whose_sequences_cannot_be_cut_is_checked_by_computing_again(
 
     check = check_passes(backend, tmp_path)
 
-    assert check is not None
-    assert check.verification_exact == (drift_from > max(STEP_SIZES))
-    assert check.chunks_exact == (None if drift_from == 2 else drift_from > max(CHUNK_SIZES))
+    assert check is not None and check.exact == (drift_from > max(CHUNK_SIZES))
     assert backend.kv[SEQ] == []
 
 
-def test_a_backend_too_small_for_the_check_is_not_checked(tmp_path: Path) -> None:
-    backend = FakeBackend(n_batch=64)
+def test_a_backend_too_small_for_the_check_is_not_checked_but_reads_a_kept_answer(
+    tmp_path: Path,
+) -> None:
+    small = FakeBackend(n_batch=64)
 
-    assert check_passes(backend, tmp_path) is None
-    assert backend.decode_calls == 0
+    assert check_passes(small, tmp_path) is None
+    assert small.decode_calls == 0
+    check_passes(FakeBackend(), tmp_path)  # the same model with a larger batch
+    assert check_passes(small, tmp_path) == kept(tmp_path, small)
+    assert small.decode_calls == 0
 
 
-def passes(verification: bool, chunks: bool | None) -> PassCheck:
-    return PassCheck(
-        verification_exact=verification, differing=(), chunks_exact=chunks, checked_at=0.0
-    )
+def passes(exact: bool) -> PassCheck:
+    return PassCheck(exact=exact, differing=() if exact else (4,), checked_at=0.0)
 
 
 def test_the_guarantees_say_what_the_check_found() -> None:
     backend = FakeBackend()
     settings = Settings()
 
-    everywhere = determinism_note(backend, settings, passes(True, True))
-    assert "generated tokens are reused as computed" in everywhere
-    assert everywhere.endswith("verification is exact too (checked for this model, build and CPU)")
-    verification_only = determinism_note(backend, settings, passes(True, False))
-    assert "reused only once recomputed as a prompt chunk" in verification_only
-    assert verification_only.endswith("exact too (checked for this model, build and CPU)")
-    drifting = determinism_note(backend, settings, passes(False, None))
+    exact = determinism_note(backend, settings, passes(True))
+    assert "do not depend on the pass computing it (checked for this model, build and CPU)" in exact
+    assert "generated tokens are reused as computed" in exact
+    assert exact.endswith("speculative verification is exact too")
+    drifting = determinism_note(backend, settings, passes(False))
+    assert "reused only once recomputed as a prompt chunk" in drifting
     assert drifting.endswith("exact only up to near-ties (checked for this model, build and CPU)")
-    unchecked = determinism_note(backend, settings)  # a fake has no llamafile kernels
-    assert unchecked.endswith("speculative verification is exact too")
+    unchecked = determinism_note(backend, settings)
+    assert unchecked.endswith("exact at least up to near-ties (not checked for this model)")
     assert determinism_note(backend, Settings(deterministic=False)).startswith("fast mode")

@@ -190,6 +190,8 @@ def test_writer_killed_at_any_moment_leaves_only_complete_entries(cache_dir: Pat
             time.sleep(chance.uniform(0.0, 0.5))
             writer.send_signal(signal.SIGKILL)
         writer.wait()
+        assert writer.stdout is not None
+        writer.stdout.close()
         killed_mid_write += bool(entries_being_written(cache_dir, writer.pid))
         for path in entry_files(cache_dir):  # an entry is named only once it is complete
             verify(path.read_bytes())
