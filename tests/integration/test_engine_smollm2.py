@@ -312,11 +312,10 @@ def test_where_rows_do_not_depend_on_their_pass_second_turns_reuse_the_answers(
     for prompt, answer, turn, hot, computed in zip(
         first_prompts, answers, second_turns, warm, cold, strict=True
     ):
-        # The answer's last token is in the KV if a token was sampled after it, or a draft.
+        # All but the answer's last token are in the KV (it and verified drafts after it,
+        # such as the end of the turn, may be too).
         reused = hot.usage.cached_tokens
-        assert common_prefix([*prompt, *answer[:-1]], turn) <= reused
-        assert reused <= common_prefix([*prompt, *answer], turn)
-        assert reused > len(prompt)
+        assert reused >= common_prefix([*prompt, *answer[:-1]], turn) > len(prompt)
         assert tokens_of(hot) == tokens_of(computed)
 
 
