@@ -167,22 +167,22 @@ def start_runtime(
         ctx_per_slot=backend.info.n_ctx_seq,
         kv_type=backend.info.kv_type,
         deterministic=settings.deterministic,
-        guarantees=determinism_note(backend, settings, passes),
+        guarantees=determinism_note(settings, passes),
     )
     return Runtime(settings, plugins, backend, engine, plan, passes)
 
 
-def determinism_note(backend: Backend, settings: Settings, passes: PassCheck | None = None) -> str:
+def determinism_note(settings: Settings, passes: PassCheck | None = None) -> str:
     """What the running configuration guarantees about repeatable outputs; `passes` as
     `backend.pass_check` found them (None: not checked)."""
     if not settings.deterministic:
         return "fast mode: outputs may differ slightly with batch neighbours and cache hits"
     exact = "deterministic: batching, prefix reuse and candidate clones are bit-exact"
+    recomputed = f"{exact} (generated tokens are reused only once recomputed as a prompt chunk)"
     if passes is None:
         return (
-            f"{exact} (generated tokens are reused only once recomputed as a prompt chunk); "
-            "speculative verification is exact at least up to near-ties (not checked for "
-            "this model)"
+            f"{recomputed}; speculative verification is exact at least up to near-ties (not "
+            "checked for this model)"
         )
     checked = "checked for this model, build and CPU"
     if passes.exact:
@@ -190,7 +190,4 @@ def determinism_note(backend: Backend, settings: Settings, passes: PassCheck | N
             f"{exact}, and a row's logits do not depend on the pass computing it ({checked}): "
             "generated tokens are reused as computed, and speculative verification is exact too"
         )
-    return (
-        f"{exact} (generated tokens are reused only once recomputed as a prompt chunk); "
-        f"speculative verification is exact only up to near-ties ({checked})"
-    )
+    return f"{recomputed}; speculative verification is exact only up to near-ties ({checked})"

@@ -50,7 +50,7 @@ def status_report(server: ServerState, runtime: Runtime) -> dict[str, Any]:
         # `reame config`'s rows: each setting with its value and why it was chosen.
         "configuration": [] if plan is None else [list(row) for row in plan.explain()],
         "warnings": [] if plan is None else list(plan.warnings),
-        "guarantees": determinism_note(runtime.backend, runtime.settings, runtime.passes),
+        "guarantees": determinism_note(runtime.settings, runtime.passes),
         "load": {
             "slots_busy": stats.active_sequences,
             "queued": stats.waiting_requests,

@@ -1,11 +1,11 @@
 """Where two paths may part ways: only at a near-tie of the plain path, and not too often.
 
-Where verifying drafts is exact for the model on this build and CPU (the server's own
-check, `verification_is_exact`), drafted outputs must equal the plain path's token for
-token. On builds and configurations that do not guarantee bit-exact logits along another
-path (DESIGN "Determinism"), a greedy output may leave the plain path's. It may do so only where
-the plain path's best token led the token the other path emitted by less than the logits
-drift between the paths, and only as often as the drift makes such flips.
+Where verifying drafts is exact for the model on this build and CPU (the server's own check,
+`verification_is_exact`), drafted outputs must equal the plain path's token for token. On
+builds and configurations that do not guarantee bit-exact logits along another path (DESIGN
+"Determinism"), a greedy output may leave the plain path's. It may do so only where the
+plain path's best token led the token the other path emitted by less than the logits drift
+between the paths, and only as often as the drift makes such flips.
 
 `benchmarks/logit_drift.py` measured that drift on the AMD EPYC host (AVX-512 build,
 benchmarks/results/logit_drift.json; SmolLM2-135M, 8 prompts x 48 tokens teacher-forced on

@@ -1,13 +1,12 @@
 """Speculation on the real model: drafts never change what the plain path would say.
 
-Verifying k drafts computes them as one micro-batch, which is bit-identical to decoding
-them one by one for some models, builds and CPUs and not for others; the server checks which
-(reame_core/backend/pass_check.py). Where it is, greedy outputs with drafts must
-equal the plain path token for token; elsewhere up to a first divergence, where the plain
-path must have been at a near-tie, no more often than the measured drift allows (see
-near_tie.py). The draft-model pair is
-made here: a Q8_0 copy of SmolLM2 is the target and the packaged Q4_1 file drafts for it
-(same vocabulary), from the Q4_0 copy the draft source makes of it.
+Verifying k drafts computes them as one micro-batch, which is bit-identical to decoding them
+one by one for some models, builds and CPUs and not for others; the server checks which
+(reame_core/backend/pass_check.py). Where it is, greedy outputs with drafts must equal the
+plain path token for token; elsewhere up to a first divergence, where the plain path must
+have been at a near-tie, no more often than the measured drift allows (see near_tie.py). The
+draft-model pair is made here: a Q8_0 copy of SmolLM2 is the target and the packaged Q4_1
+file drafts for it (same vocabulary), from the Q4_0 copy the draft source makes of it.
 """
 
 from __future__ import annotations

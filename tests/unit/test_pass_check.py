@@ -14,7 +14,6 @@ from reame_core.backend.fake import FakeBackend
 from reame_core.backend.pass_check import (
     CHUNK_SIZES,
     SEQ,
-    STEP_SIZES,
     PassCheck,
     check_passes,
     check_path,
@@ -54,29 +53,29 @@ def test_a_backend_whose_rows_never_drift_is_exact_and_left_empty(tmp_path: Path
     assert backend.kv[SEQ] == []
 
 
-@pytest.mark.parametrize("drift_from", [2, 4, 5, 9])
-def test_verification_passes_from_the_size_a_kernel_changes_at_are_found(
-    tmp_path: Path, drift_from: int
+@pytest.mark.parametrize(
+    ("drift_from", "differing"),
+    [
+        # verification steps from the size a kernel changes at (chunks then not tried)
+        (2, (2, 4, 8, 17)),
+        (4, (4, 8, 17)),
+        (5, (8, 17)),
+        (9, (17,)),
+        # prompt chunks, where every step agrees
+        (30, (48, 100, 130)),
+        (64, (100, 130)),
+        (130, (130,)),
+    ],
+)
+def test_passes_from_the_size_a_kernel_changes_at_are_found(
+    tmp_path: Path, drift_from: int, differing: tuple[int, ...]
 ) -> None:
     backend = DriftingBackend(drift_from)
 
     check = check_passes(backend, tmp_path)
 
     assert check is not None and not check.exact
-    assert check.differing == tuple(size for size in STEP_SIZES if size >= drift_from)
-    assert backend.kv[SEQ] == []
-
-
-@pytest.mark.parametrize("drift_from", [30, 64, CHUNK_SIZES[-1]])
-def test_prompt_chunks_that_compute_rows_otherwise_are_found(
-    tmp_path: Path, drift_from: int
-) -> None:
-    backend = DriftingBackend(drift_from)
-
-    check = check_passes(backend, tmp_path)
-
-    assert check is not None and not check.exact
-    assert check.differing == tuple(size for size in CHUNK_SIZES if size >= drift_from)
+    assert check.differing == differing
     assert backend.kv[SEQ] == []
 
 
@@ -162,16 +161,15 @@ def passes(exact: bool) -> PassCheck:
 
 
 def test_the_guarantees_say_what_the_check_found() -> None:
-    backend = FakeBackend()
     settings = Settings()
 
-    exact = determinism_note(backend, settings, passes(True))
+    exact = determinism_note(settings, passes(True))
     assert "do not depend on the pass computing it (checked for this model, build and CPU)" in exact
     assert "generated tokens are reused as computed" in exact
     assert exact.endswith("speculative verification is exact too")
-    drifting = determinism_note(backend, settings, passes(False))
+    drifting = determinism_note(settings, passes(False))
     assert "reused only once recomputed as a prompt chunk" in drifting
     assert drifting.endswith("exact only up to near-ties (checked for this model, build and CPU)")
-    unchecked = determinism_note(backend, settings)
+    unchecked = determinism_note(settings)
     assert unchecked.endswith("exact at least up to near-ties (not checked for this model)")
-    assert determinism_note(backend, Settings(deterministic=False)).startswith("fast mode")
+    assert determinism_note(Settings(deterministic=False)).startswith("fast mode")
