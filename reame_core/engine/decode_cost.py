@@ -7,6 +7,13 @@ shared host one decode now and then takes several times its usual time, and one 
 must not switch speculation off. It interpolates between the sizes,
 so the speculation governor can price "verify k drafts" against "decode one token"
 before trying it. Decode steps teach it small n, prompt chunks large n.
+
+A size timed fewer than `SETTLED_TIMINGS` times has no median to speak of: its price is at
+most what its measured neighbours say (the line between them; the next larger size's time
+below them). Otherwise the first verification of a draft of some length, preempted, would
+price that length out, and with it every length interpolated from it: nothing would verify
+drafts of those lengths again to correct it. If the size is that dear, two more timings
+settle it.
 """
 
 from __future__ import annotations
@@ -15,13 +22,16 @@ import bisect
 from collections import deque
 from collections.abc import Iterable
 
+SETTLED_TIMINGS = 3  # timings of a size whose median no single slow one decides
+
 
 class DecodeCost:
     def __init__(self, window: int = 7) -> None:
         self.window = window
         self._sizes: list[int] = []  # sorted pass sizes with a measurement
         self._recent: dict[int, deque[float]] = {}
-        self._seconds: dict[int, float] = {}  # median of `_recent`, per size
+        self._median: dict[int, float] = {}  # of `_recent`, per size
+        self._seconds: dict[int, float] = {}  # the price: the median, or less (unsettled)
 
     def observe(self, passes: list[int], seconds: float) -> None:
         """A decode made of `passes` took `seconds`."""
@@ -33,9 +43,31 @@ class DecodeCost:
         if recent is None:
             recent = self._recent[size] = deque(maxlen=self.window)
         recent.append(seconds)
-        self._seconds[size] = median(recent)
+        self._median[size] = median(recent)
         if not known:  # listed last: a reader on another thread (/metrics) finds its price
+            self._seconds[size] = self._median[size]
             bisect.insort(self._sizes, size)
+        # A size's price depends on its neighbours' medians: theirs may change with it.
+        i = bisect.bisect_left(self._sizes, size)
+        for j in range(max(0, i - 1), min(len(self._sizes), i + 2)):
+            self._seconds[self._sizes[j]] = self._price(j)
+
+    def _price(self, i: int) -> float:
+        """The price of the `i`th measured size: its median, capped by its neighbours'
+        while it is unsettled (see the module docstring)."""
+        sizes = self._sizes
+        size = sizes[i]
+        own = self._median[size]
+        if len(self._recent[size]) >= SETTLED_TIMINGS or len(sizes) == 1:
+            return own
+        above = self._median[sizes[i + 1]] if i + 1 < len(sizes) else None
+        if i == 0:
+            return min(own, above) if above is not None else own
+        lo = sizes[i - 1]
+        if above is None:  # the largest: nothing above to bound it
+            return own
+        hi, t_lo = sizes[i + 1], self._median[lo]
+        return min(own, t_lo + (above - t_lo) * (size - lo) / (hi - lo))
 
     def covers(self, n: int) -> bool:
         """Whether a pass of `n` tokens is priced from measurements of that size or smaller
@@ -90,8 +122,9 @@ class DecodeCost:
         return min(1.0, self._seconds[largest] / largest / self._seconds[1])
 
     def curve(self) -> dict[int, float]:
-        """Measured pass sizes and their average seconds (for reports)."""
-        return {size: self._seconds[size] for size in self._sizes}
+        """Measured pass sizes and the median of their recent timings (for reports; a size
+        timed fewer than `SETTLED_TIMINGS` times may be priced lower)."""
+        return {size: self._median[size] for size in self._sizes}
 
 
 def median(values: Iterable[float]) -> float:

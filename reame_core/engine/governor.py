@@ -29,7 +29,8 @@ not pay there. No probe of a source whose call costs more than a plain step goes
 could not pay even if every draft of it came true, its catch-up on what it has not read
 yet spread over the rest of the request: a draft model too slow next to verification on
 this host is never asked, and never made to read a prompt to show it (a source that did
-not give its cost is called once to learn it); a cheaper source is looked at anyway, as
+not give its cost is called to learn it, again and again until a slow first call is
+confirmed: one slow call must not condemn it); a cheaper source is looked at anyway, as
 looking is how its evidence comes. Then, of the drafts in hand, the governor verifies the
 plan with the most expected tokens per second; the drafts it does not verify are scored in
 shadow.
@@ -73,6 +74,7 @@ PROBE_BUDGET = 0.01  # probes (and asking a source every step) may cost this sha
 PROBE_TOKENS = 4  # tokens asked of a probe
 PROBE_EVERY = 8  # steps before a request probes a source shown not to pay (doubling)
 PROBE_MAX = 4096
+RETIME_AFTER = 4096  # steps without a call after which a timed price is measured anew
 SHADOWS_MAX = 32  # shadow drafts pending per request
 IDLE_CALLS = 64  # a cheap source that offered a request nothing this many calls running
 # is asked for it only every IDLE_CALLS steps (the draft model hook with no draft model)
@@ -95,6 +97,7 @@ class SourceState:
     probes: int = 0  # calls made only to learn, not because they were expected to pay
     probe_seconds: float = 0.0
     credit: float = 0.0  # seconds it may still spend probing (< 0: repaid by decoding)
+    called_at: int = 0  # step of its last call
     k: int = 0  # length of its last verified draft
     # What its drafts chosen on their merit delivered against their estimates.
     calibration: Calibration = field(default_factory=lambda: Calibration(DECAY))
@@ -248,6 +251,8 @@ class Governor:
         state = self.sources[source]
         base = self._base
         price = self._price(state, base)
+        if price in ("middling", "dear") and self._stale(state):
+            state.cost, price = ProposeCost(), None
         priced = price is not None
         if price == "cheap":
             awake = self._step % IDLE_CALLS == 0
@@ -289,7 +294,10 @@ class Governor:
                     asked.append(DraftRequest(seq, limit if state.kinds and not dear else k))
                     merit = True
                     continue
-            if state.credit < 0.0 or self._step < own.probe_at:
+            # A source timed too few times to condemn it is asked again at once
+            # (`ProposeCost.settled`).
+            unsettled = state.cost.known and not state.cost.settled
+            if not unsettled and (state.credit < 0.0 or self._step < own.probe_at):
                 continue
             if dear and not self._may_pay(seq, state, limit, behind[seq.key], weight):
                 own.probe_at = self._step + PROBE_EVERY  # costs change: looked at again then
@@ -327,6 +335,7 @@ class Governor:
             return
         call = self._calls.pop(source, _Call({}, probe=False))
         state.calls += 1
+        state.called_at = self._step
         state.propose_seconds += seconds
         if call.probe:
             state.probes += 1
@@ -511,6 +520,12 @@ class Governor:
         every_one_true = [float(j) for j in range(limit + 1)]
         return self._best(every_one_true, limit, propose, verify)[1] > 1.0
 
+    def _stale(self, state: SourceState) -> bool:
+        """Whether the source's price, from calls timed long ago, should be measured anew:
+        what kept it from being asked (a busy neighbour, say) may be gone. Not a figure the
+        source gave (a draft model too dear to pay is never made to read a prompt)."""
+        return not state.cost.given and self._step - state.called_at > RETIME_AFTER
+
     def _drafting_seconds(self, k: int) -> float:
         """Predicted time of this step with one sequence verifying `k` drafts."""
         seconds = self._with_draft.get(k)
@@ -579,7 +594,9 @@ class Governor:
         each is priced with it until its own timed calls take over."""
         for name, cost in costs.items():
             if name in self.sources:
-                self.sources[name].cost.observe(cost.seconds, cost.drafted, cost.caught_up)
+                self.sources[name].cost.observe(
+                    cost.seconds, cost.drafted, cost.caught_up, given=True
+                )
 
     def threads_changed(self, threads: int) -> None:
         """The backend now computes with `threads` threads: decodes cost what they cost
@@ -758,12 +775,16 @@ class Governor:
         """How a call of the source compares with a plain step of `base` seconds: "cheap"
         (at most `PROBE_BUDGET` of it: asked every step), "dear" (more than the step: a
         draft model, called only where it can pay), else "middling"; None while either
-        is unmeasured. Asking and reporting read it from here, so they never disagree."""
+        is unmeasured, or while a price above "cheap" rests on a call or two
+        (`ProposeCost.settled`). Asking and reporting read it from here, so they never
+        disagree."""
         if base is None or not state.cost.known:
             return None
         typical = state.cost.typical()
         if typical <= PROBE_BUDGET * base:
             return "cheap"
+        if not state.cost.settled:
+            return None
         return "dear" if typical > base else "middling"
 
     def _step_seconds(self, drafting: int, k: int, at_most: bool = False) -> float:

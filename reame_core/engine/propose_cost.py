@@ -11,6 +11,14 @@ then is slow on a shared host; a unit, so that a first call that caught up a lon
 does not make every later call look as dear. What a call has taken lately, whatever it was
 asked, is kept too: a source whose calls cost a fixed few microseconds (prompt lookup) is
 judged by that, not by a per-token model that does not fit it.
+
+A source's first timed call warms its caches (35x its usual time for prompt lookup, on a
+quiet host): it prices the source only until a second call is timed. And any call may be
+preempted on a shared host, so a price rests on `SETTLED_CALLS` calls after the first before
+it may condemn a source (`settled`); the governor asks an unsettled source again rather than
+calling it dear for the life of the process. A figure the source measured itself
+(`reame_draft_cost`) settles it at once: a draft model too dear to pay is never called to
+confirm it.
 """
 
 from __future__ import annotations
@@ -19,22 +27,49 @@ from collections import deque
 
 from reame_core.engine.decode_cost import median
 
+SETTLED_CALLS = 3  # timed calls whose median no single slow one decides
+
 
 class ProposeCost:
     def __init__(self, window: int = 9) -> None:
         self._calls: deque[tuple[float, int, int]] = deque(maxlen=window)
         self._unit: tuple[float, float] | None = None  # (catch_up_weight, seconds a unit)
         self._typical: float | None = None
+        self._timed = 0  # calls timed by the governor, the first (a warm-up) included
+        self._warm_up: tuple[float, int, int] | None = None  # kept until a second is timed
+        self._given = False  # a figure the source measured itself
 
     @property
     def known(self) -> bool:
         return bool(self._calls)
 
-    def observe(self, seconds: float, drafted: int, caught_up: int) -> None:
+    @property
+    def given(self) -> bool:
+        """Whether the source gave a figure of its own."""
+        return self._given
+
+    @property
+    def settled(self) -> bool:
+        """Whether the price may condemn the source: given by it, or timed often enough
+        that one slow call does not decide it."""
+        return self._given or self._timed > SETTLED_CALLS
+
+    def observe(self, seconds: float, drafted: int, caught_up: int, *, given: bool = False) -> None:
         """A call that drafted at most `drafted` tokens for a sequence and caught up on
-        `caught_up` tokens in all took `seconds`."""
-        self._calls.append((max(0.0, seconds), max(0, drafted), max(0, caught_up)))
+        `caught_up` tokens in all took `seconds`; `given`: the source measured it itself."""
+        call = (max(0.0, seconds), max(0, drafted), max(0, caught_up))
         self._unit = self._typical = None
+        if given:
+            self._given = True
+        else:
+            self._timed += 1
+            if self._timed == 1:
+                self._warm_up = call
+            elif self._warm_up is not None:
+                if self._warm_up in self._calls:
+                    self._calls.remove(self._warm_up)
+                self._warm_up = None
+        self._calls.append(call)
 
     def typical(self) -> float:
         """What a call has taken lately, whatever it was asked (the median; 0.0 before any

@@ -15,7 +15,7 @@ from reame_core.backend import fake as fake_module
 from reame_core.backend.base import Batch, equal_split_passes, simple_split_passes
 from reame_core.backend.fake import FakeBackend
 from reame_core.engine import decode_cost
-from reame_core.engine.decode_cost import DecodeCost
+from reame_core.engine.decode_cost import SETTLED_TIMINGS, DecodeCost
 
 # ----------------------------------------------------------------------------- passes
 
@@ -230,3 +230,50 @@ def test_a_pass_between_measured_sizes_costs_at_most_the_next_larger_one() -> No
     assert cost.pass_seconds_at_most(17) == 0.437
     assert cost.pass_seconds_at_most(1) == 0.036
     assert cost.pass_seconds_at_most(56) == pytest.approx(cost.pass_seconds(56))
+
+
+def timed_often(cost: DecodeCost, n: int, seconds: float) -> None:
+    for _ in range(SETTLED_TIMINGS):
+        cost.observe([n], seconds)
+
+
+def test_a_size_timed_once_slow_is_priced_no_higher_than_its_neighbours_line() -> None:
+    # The first pass verifying 4 drafts was preempted: 0.5 s where its neighbours say 0.03.
+    cost = DecodeCost()
+    timed_often(cost, 1, 0.01)
+    timed_often(cost, 9, 0.05)
+
+    cost.observe([5], 0.5)
+
+    assert cost.pass_seconds(5) == pytest.approx(0.03)
+    assert cost.pass_seconds(3) == pytest.approx(0.02)  # its neighbours keep their line too
+    assert cost.curve()[5] == 0.5  # what was measured, for reports
+
+
+def test_a_size_that_is_that_dear_settles_at_its_timings() -> None:
+    cost = DecodeCost()
+    timed_often(cost, 1, 0.01)
+    timed_often(cost, 9, 0.05)
+
+    timed_often(cost, 5, 0.5)
+
+    assert cost.pass_seconds(5) == 0.5
+
+
+def test_the_smallest_size_timed_once_slow_costs_at_most_the_next_larger() -> None:
+    cost = DecodeCost()
+    timed_often(cost, 4, 0.02)
+
+    cost.observe([1], 0.3)
+
+    assert cost.pass_seconds(1) == 0.02
+
+
+def test_the_largest_size_timed_once_is_taken_as_timed() -> None:
+    # Nothing above it to bound it: a prompt chunk's time is what it is.
+    cost = DecodeCost()
+    timed_often(cost, 1, 0.01)
+
+    cost.observe([128], 0.9)
+
+    assert cost.pass_seconds(128) == 0.9

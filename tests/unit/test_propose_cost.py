@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from reame_core.engine.propose_cost import ProposeCost
+from reame_core.engine.propose_cost import SETTLED_CALLS, ProposeCost
 
 # A draft model that takes 40 ms a drafted token and 10 ms a caught-up token (a quarter,
 # as a prompt token is to a decode step here).
@@ -54,3 +54,35 @@ def test_what_calls_take_lately_is_their_median_whatever_they_were_asked() -> No
         cost.observe(0.00002, drafted=drafted, caught_up=1)
 
     assert cost.typical() == pytest.approx(0.00002)
+
+
+def test_a_slow_first_call_prices_the_source_only_until_a_second_is_timed() -> None:
+    cost = ProposeCost()
+    cost.observe(0.005, drafted=4, caught_up=1)  # a cold cache
+    assert cost.typical() == pytest.approx(0.005)
+
+    cost.observe(0.00002, drafted=4, caught_up=1)
+
+    assert cost.typical() == pytest.approx(0.00002)
+
+
+def test_a_price_settles_after_enough_timed_calls_or_at_once_when_the_source_gives_it() -> None:
+    timed_only, given = ProposeCost(), ProposeCost()
+    given.observe(timed(4, 1), drafted=4, caught_up=1, given=True)
+    settled = []
+    for _ in range(1 + SETTLED_CALLS):
+        settled.append(timed_only.settled)
+        timed_only.observe(timed(4, 1), drafted=4, caught_up=1)
+
+    assert given.settled
+    assert settled == [False] * (1 + SETTLED_CALLS)  # the warm-up, then SETTLED_CALLS more
+    assert timed_only.settled
+
+
+def test_two_slow_calls_among_three_settle_the_price_slow() -> None:
+    cost = ProposeCost()
+    for seconds in (0.005, 0.005, 0.005, 0.00002):  # warm-up, then a source slow twice
+        cost.observe(seconds, drafted=4, caught_up=1)
+
+    assert cost.settled
+    assert cost.typical() == pytest.approx(0.005)
