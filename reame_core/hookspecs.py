@@ -273,7 +273,9 @@ def reame_draft_cost() -> DraftCost | None:
     find out: a source whose drafts could not pay on this host even if every one came true
     is then never asked, and never made to read a prompt only to show that. Its timed calls
     replace the figure as they come. A source that returns nothing is called early in the
-    first request, to learn its cost.
+    first request, to learn its cost: its first call is taken as a warm-up, and unless its
+    calls prove cheap it is called until three more have been timed (one slow call on a
+    shared host does not condemn it); a price from calls long past is measured anew.
     """
 
 

@@ -12,8 +12,8 @@ does not make every later call look as dear. What a call has taken lately, whate
 asked, is kept too: a source whose calls cost a fixed few microseconds (prompt lookup) is
 judged by that, not by a per-token model that does not fit it.
 
-A source's first timed call warms its caches (35x its usual time for prompt lookup, on a
-quiet host): it prices the source only until a second call is timed. And any call may be
+A source's first timed call warms its caches (for prompt lookup, tens of times its usual
+time): it prices the source only until a second call is timed. And any call may be
 preempted on a shared host, so a price rests on `SETTLED_CALLS` calls after the first before
 it may condemn a source (`settled`); the governor asks an unsettled source again rather than
 calling it dear for the life of the process. A figure the source measured itself
