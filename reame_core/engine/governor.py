@@ -271,6 +271,11 @@ class Governor:
         seqs = [self._by_key[request.seq.key] for request in requests]
         behind = {seq.key: self._behind(seq, self._own(seq, source)) for seq in seqs}
         rivals = self._rival_gains(offered) if base is not None else {}
+        # A source timed too few times to condemn it (`ProposeCost.settled`) is asked again
+        # at once, for the request it has least to catch up on, whatever the budget says.
+        confirm = None
+        if state.cost.known and not state.cost.settled and seqs:
+            confirm = min(seqs, key=lambda seq: behind[seq.key]).key
         asked: list[DraftRequest] = []
         merit = False
         for request, seq in zip(requests, seqs, strict=True):
@@ -294,10 +299,7 @@ class Governor:
                     asked.append(DraftRequest(seq, limit if state.kinds and not dear else k))
                     merit = True
                     continue
-            # A source timed too few times to condemn it is asked again at once
-            # (`ProposeCost.settled`).
-            unsettled = state.cost.known and not state.cost.settled
-            if not unsettled and (state.credit < 0.0 or self._step < own.probe_at):
+            if seq.key != confirm and (state.credit < 0.0 or self._step < own.probe_at):
                 continue
             if dear and not self._may_pay(seq, state, limit, behind[seq.key], weight):
                 own.probe_at = self._step + PROBE_EVERY  # costs change: looked at again then

@@ -864,6 +864,20 @@ def test_a_cheap_source_whose_first_calls_were_slow_is_timed_again_before_it_is_
     assert governor.report()["sources"][0]["state"] != "too dear"
 
 
+def test_a_source_is_timed_again_for_the_one_request_it_has_least_to_read() -> None:
+    # A draft model that gave no cost, its first call slow; then three more requests
+    # arrive, their prompts unread. Each call to time it again catches up on the request
+    # it has read, not on every prompt.
+    governor = scripted_governor()
+    seqs = [Decoding(seq_id=i, prompt_tokens=[1] * 300) for i in range(4)]
+    slow = 3 * pass_seconds(1)
+
+    step(governor, seqs[:1], seconds=slow)
+    again = [step(governor, seqs, seconds=slow) for _ in range(SETTLED_CALLS)]
+
+    assert all([r.seq for r in asked] == [seqs[0]] for asked in again)
+
+
 def test_a_source_found_too_dear_is_timed_anew_long_after() -> None:
     # Its calls took three plain steps each (a busy neighbour on its core): too dear, not
     # asked. Long after, it is timed again, and the neighbour has gone.
