@@ -73,8 +73,9 @@ MAX_DRAFT = 64  # tokens a draft may have
 CANDIDATES = 64  # most recent occurrences of a k-gram compared
 _PADDING = np.full(max(MAX_MATCH, MAX_DRAFT), SEPARATOR, dtype=np.uint32)  # around the records
 _MUL = np.uint64(0x100000001B3)  # FNV-1a's 64-bit prime
+_MUL_INT = int(_MUL)
 _MASK = (1 << 64) - 1
-_POWERS = [pow(int(_MUL), j, 1 << 64) for j in range(MAX_MATCH + 1)]
+_POWERS = np.array([pow(int(_MUL), j, 1 << 64) for j in range(MAX_MATCH + 1)], dtype=np.uint64)
 _BACK = np.arange(1, MAX_MATCH + 1, dtype=np.int64)
 _AHEAD = np.arange(MAX_DRAFT, dtype=np.int64)
 
@@ -127,11 +128,14 @@ class ArchiveIndex:
     def nbytes(self) -> int:
         return self.tokens.nbytes + sum(keys.nbytes + ends.nbytes for keys, ends in self._tables)
 
-    def match(self, tail: np.ndarray) -> Match | None:
+    def match(self, tail: np.ndarray, hashes: Sequence[int] | None = None) -> Match | None:
         """The longest match of the end of `tail` (uint32, at most MAX_MATCH tokens, most
-        recent last), with the most recent occurrences that match that long."""
+        recent last), with the most recent occurrences that match that long. `hashes`:
+        `suffix_hashes(tail, ...)` reaching at least this index's longest anchor, if the
+        caller has them."""
         reverse = tail[::-1]
-        hashes = suffix_hashes(tail, self.anchors[0])
+        if hashes is None:
+            hashes = suffix_hashes(tail, self.anchors[0])
         shortest = self.anchors[-1]
         if len(tail) < shortest or not self._holds(-1, hashes[shortest]):
             return None  # every longer match ends with this shortest one: the usual miss
@@ -152,8 +156,9 @@ class ArchiveIndex:
     def followers(self, gram: Sequence[int]) -> np.ndarray:
         """The tokens that followed the most recent occurrences of `gram`, whose length is
         one of the anchors."""
-        key = suffix_hashes(np.asarray(gram, dtype=np.uint32), len(gram))[-1]
-        followers: np.ndarray = self.tokens[self._recent(self.anchors.index(len(gram)), key)]
+        followers: np.ndarray = self.tokens[
+            self._recent(self.anchors.index(len(gram)), gram_hash(gram))
+        ]
         return followers
 
     def _recent(self, table: int, key: int) -> np.ndarray:
@@ -191,7 +196,11 @@ def lookup(
     """What most often followed the longest match of `tail` across `indexes` (each
     searched alone, the longest matches pooled), and that match's length; () if nothing
     matched. Cut where a token drafted after a short match lacks `min_backing` (`backed`)."""
-    matches = [m for index in indexes if (m := index.match(tail)) is not None]
+    indexes = [index for index in indexes if index.n_tokens]
+    if not indexes:
+        return Drafted((), 0)
+    hashes = suffix_hashes(tail, max(index.anchors[0] for index in indexes))
+    matches = [m for index in indexes if (m := index.match(tail, hashes)) is not None]
     if not matches:
         return Drafted((), 0)
     length = max(m.length for m in matches)
@@ -274,13 +283,21 @@ def continuation(rows: np.ndarray, min_share: float) -> tuple[int, ...]:
 
 def suffix_hashes(tail: np.ndarray, longest: int) -> list[int]:
     """The hash of the last k tokens of `tail`, at index k, for every k up to `longest`
-    (as far as `tail` goes): one pass from the end, extending each hash to the left."""
-    hashes = [0]
-    h = 0
-    for j, token in enumerate(reversed(tail[max(0, len(tail) - longest) :].tolist())):
-        h = (h + (token + 1) * _POWERS[j]) & _MASK
-        hashes.append(h)
+    (as far as `tail` goes): each token times the power of its distance from the end,
+    summed from the end (uint64 arithmetic wraps as the tables' does)."""
+    n = min(len(tail), longest)
+    recent = tail[len(tail) - n :][::-1].astype(np.uint64) + np.uint64(1)
+    hashes: list[int] = [0, *np.cumsum(recent * _POWERS[:n]).tolist()]
     return hashes
+
+
+def gram_hash(gram: Sequence[int]) -> int:
+    """The hash of a few tokens, as the tables hash a k-gram (cheaper than
+    `suffix_hashes` for the two or three tokens a backing check looks up)."""
+    h = 0
+    for token in gram:
+        h = (h * _MUL_INT + int(token) + 1) & _MASK
+    return h
 
 
 def _laid_out(records: Sequence[np.ndarray]) -> np.ndarray:

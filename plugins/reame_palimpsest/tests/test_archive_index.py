@@ -22,8 +22,10 @@ from reame_palimpsest.archive_index import (
     ArchiveIndex,
     Drafted,
     continuation,
+    gram_hash,
     kind_of,
     lookup,
+    suffix_hashes,
 )
 
 # A small alphabet makes matches, forks and repeats common.
@@ -156,6 +158,20 @@ def test_lookup_matches_the_brute_force_reference(
         expected = reference_draft(records, tail, max_tokens, anchors=anchors, **shares)
         found = index_lookup(records, tail, max_tokens, anchors=anchors, **shares)
         assert found == expected, anchors
+
+
+@settings(max_examples=200, deadline=None)
+@given(tokens=st.lists(st.integers(0, 2**32 - 2), min_size=1, max_size=MAX_MATCH))
+def test_every_way_of_hashing_tokens_agrees_with_the_tables(tokens: list[int]) -> None:
+    # The tables hash each k-gram in numpy; a lookup hashes the tail's suffixes at once,
+    # and a backing check a few tokens in Python.
+    index = ArchiveIndex([[*tokens, 0]], anchors=(len(tokens),))  # one k-gram, then a token
+    [table_hash] = index._tables[0][0].tolist()
+
+    hashes = suffix_hashes(np.array(tokens, dtype=np.uint32), len(tokens))
+
+    assert hashes[-1] == table_hash == gram_hash(tokens)
+    assert all(hashes[k] == gram_hash(tokens[-k:]) for k in range(1, len(tokens) + 1))
 
 
 @settings(max_examples=200, deadline=None)
