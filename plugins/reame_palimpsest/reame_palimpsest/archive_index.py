@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -56,6 +57,7 @@ from typing import NamedTuple
 import numpy as np
 
 SEPARATOR = np.uint32(0xFFFFFFFF)  # ends each record; no k-gram spans it
+_SEPARATOR_INT = int(SEPARATOR)
 ANCHORS = (24, 8, 3, 2, 1)  # k-gram lengths of the tables, longest first
 MAX_MATCH = 64  # tokens compared backwards: longer matches count as this long
 TRUSTED = 16  # a token drafted after a match this long needs no backing
@@ -268,17 +270,23 @@ def continuation(rows: np.ndarray, min_share: float) -> tuple[int, ...]:
         if depth == width:
             break
         column = alive[:, depth]
-        values, counts = np.unique(column[column != SEPARATOR], return_counts=True)
-        if not len(values):
+        counts = Counter(column.tolist())  # a few dozen rows: cheaper than np.unique
+        counts.pop(_SEPARATOR_INT, None)
+        if not counts:
             break
-        best = int(counts.argmax())
-        probability *= int(counts[best]) / len(alive)
+        token, count = max(counts.items(), key=_commonest_then_smallest)
+        probability *= count / len(alive)
         if probability < min_share:
             break
-        alive = alive[column == values[best]]
-        drafted.append(int(values[best]))
+        alive = alive[column == token]
+        drafted.append(token)
         depth += 1
     return tuple(drafted)
+
+
+def _commonest_then_smallest(item: tuple[int, int]) -> tuple[int, int]:
+    token, count = item
+    return count, -token
 
 
 def suffix_hashes(tail: np.ndarray, longest: int) -> list[int]:
