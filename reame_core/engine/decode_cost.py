@@ -10,10 +10,11 @@ before trying it. Decode steps teach it small n, prompt chunks large n.
 
 A size timed fewer than `SETTLED_TIMINGS` times has no median to speak of: its price is at
 most what its measured neighbours say (the line between them; the next larger size's time
-below them). Otherwise the first verification of a draft of some length, preempted, would
-price that length out, and with it every length interpolated from it: nothing would verify
-drafts of those lengths again to correct it. If the size is that dear, two more timings
-settle it.
+below them), and at most the time of the next larger size that is settled (a pass of fewer
+tokens takes no longer). Otherwise the first verification of a draft of some length,
+preempted, would price that length out, and with it every length interpolated from it:
+nothing would verify drafts of those lengths again to correct it. If the size is that dear,
+two more timings settle it.
 """
 
 from __future__ import annotations
@@ -47,27 +48,39 @@ class DecodeCost:
         if not known:  # listed last: a reader on another thread (/metrics) finds its price
             self._seconds[size] = self._median[size]
             bisect.insort(self._sizes, size)
-        # A size's price depends on its neighbours' medians: theirs may change with it.
-        i = bisect.bisect_left(self._sizes, size)
-        for j in range(max(0, i - 1), min(len(self._sizes), i + 2)):
-            self._seconds[self._sizes[j]] = self._price(j)
+        # A size's price depends on its neighbours' medians and on the next larger settled
+        # size's: theirs may change with this one's.
+        sizes = self._sizes
+        i = bisect.bisect_left(sizes, size)
+        first = i - 1
+        if self._settled(size):
+            while first > 0 and not self._settled(sizes[first - 1]):
+                first -= 1
+        for j in range(max(0, first), min(len(sizes), i + 2)):
+            self._seconds[sizes[j]] = self._price(j)
+
+    def _settled(self, size: int) -> bool:
+        return len(self._recent[size]) >= SETTLED_TIMINGS
 
     def _price(self, i: int) -> float:
-        """The price of the `i`th measured size: its median, capped by its neighbours'
-        while it is unsettled (see the module docstring)."""
-        sizes = self._sizes
+        """The price of the `i`th measured size: its median, capped while it is unsettled
+        by the line between its neighbours' medians (below them, the next larger size's)
+        and by the next larger settled size's (see the module docstring)."""
+        sizes, medians = self._sizes, self._median
         size = sizes[i]
-        own = self._median[size]
-        if len(self._recent[size]) >= SETTLED_TIMINGS or len(sizes) == 1:
-            return own
-        above = self._median[sizes[i + 1]] if i + 1 < len(sizes) else None
+        own = medians[size]
+        if self._settled(size) or i + 1 == len(sizes):
+            return own  # settled, or the largest: nothing above to bound it
+        hi = sizes[i + 1]
         if i == 0:
-            return min(own, above) if above is not None else own
-        lo = sizes[i - 1]
-        if above is None:  # the largest: nothing above to bound it
-            return own
-        hi, t_lo = sizes[i + 1], self._median[lo]
-        return min(own, t_lo + (above - t_lo) * (size - lo) / (hi - lo))
+            cap = medians[hi]
+        else:
+            lo = sizes[i - 1]
+            cap = medians[lo] + (medians[hi] - medians[lo]) * (size - lo) / (hi - lo)
+        settled_above = next((m for m in sizes[i + 1 :] if self._settled(m)), None)
+        if settled_above is not None:
+            cap = min(cap, medians[settled_above])
+        return min(own, cap)
 
     def covers(self, n: int) -> bool:
         """Whether a pass of `n` tokens is priced from measurements of that size or smaller
@@ -101,7 +114,7 @@ class DecodeCost:
 
     def pass_seconds_at_most(self, n: int) -> float:
         """What a pass of `n` tokens may take at most, as far as the measurements show: the
-        time of the smallest measured size of at least `n` tokens (a pass of more tokens
+        price of the smallest measured size of at least `n` tokens (a pass of more tokens
         does not take less time), extrapolated above the largest. Between measured sizes
         the interpolation of `pass_seconds` may be far below the time: a host's cost per
         token falls as passes grow (one pass of 17 tokens took 1.5x the interpolation

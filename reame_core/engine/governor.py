@@ -29,11 +29,15 @@ not pay there. No probe of a source whose call costs more than a plain step goes
 could not pay even if every draft of it came true, its catch-up on what it has not read
 yet spread over the rest of the request: a draft model too slow next to verification on
 this host is never asked, and never made to read a prompt to show it (a source that did
-not give its cost is called to learn it, again and again until a slow first call is
-confirmed: one slow call must not condemn it); a cheaper source is looked at anyway, as
-looking is how its evidence comes. Then, of the drafts in hand, the governor verifies the
-plan with the most expected tokens per second; the drafts it does not verify are scored in
-shadow.
+not give its cost is called to learn it); a cheaper source is looked at anyway, as
+looking is how its evidence comes. One slow call must not condemn a source on a shared
+host: until its price from timed calls is settled (`ProposeCost.settled`: its first call
+is a warm-up, then three more) it is asked again each step for the one request it has least
+to catch up on, if that is a few tokens, whatever its price and the budget; a price from
+calls more than `RETIME_AFTER` steps ago is settled anew the same way (its first call then
+reading one request, whatever it has to catch up on). Then, of the drafts in hand, the
+governor verifies the plan with the most expected tokens per second; the drafts it does not
+verify are scored in shadow.
 
 Modes: ``off`` never drafts; ``on`` verifies every proposal at full length (to measure
 what speculation costs); ``auto`` is the governor. A request may choose its own mode.
@@ -75,6 +79,7 @@ PROBE_TOKENS = 4  # tokens asked of a probe
 PROBE_EVERY = 8  # steps before a request probes a source shown not to pay (doubling)
 PROBE_MAX = 4096
 RETIME_AFTER = 4096  # steps without a call after which a timed price is measured anew
+CONFIRM_BEHIND = 16  # most tokens a call made only to time a source may catch up on
 SHADOWS_MAX = 32  # shadow drafts pending per request
 IDLE_CALLS = 64  # a cheap source that offered a request nothing this many calls running
 # is asked for it only every IDLE_CALLS steps (the draft model hook with no draft model)
@@ -252,7 +257,7 @@ class Governor:
         base = self._base
         price = self._price(state, base)
         if price in ("middling", "dear") and self._stale(state):
-            state.cost, price = ProposeCost(), None
+            state.cost.unsettle()
         priced = price is not None
         if price == "cheap":
             awake = self._step % IDLE_CALLS == 0
@@ -272,10 +277,14 @@ class Governor:
         behind = {seq.key: self._behind(seq, self._own(seq, source)) for seq in seqs}
         rivals = self._rival_gains(offered) if base is not None else {}
         # A source timed too few times to condemn it (`ProposeCost.settled`) is asked again
-        # at once, for the request it has least to catch up on, whatever the budget says.
+        # at once, for the request it has least to catch up on, whatever the budget and its
+        # price say.
         confirm = None
         if state.cost.known and not state.cost.settled and seqs:
-            confirm = min(seqs, key=lambda seq: behind[seq.key]).key
+            nearest = min(seqs, key=lambda seq: behind[seq.key])
+            # Not a prompt read to time it, but once each re-timing (it has read nothing)
+            if behind[nearest.key] <= CONFIRM_BEHIND or self._stale(state):
+                confirm = nearest.key
         asked: list[DraftRequest] = []
         merit = False
         for request, seq in zip(requests, seqs, strict=True):
@@ -299,9 +308,14 @@ class Governor:
                     asked.append(DraftRequest(seq, limit if state.kinds and not dear else k))
                     merit = True
                     continue
-            if seq.key != confirm and (state.credit < 0.0 or self._step < own.probe_at):
+            confirming = seq.key == confirm
+            if not confirming and (state.credit < 0.0 or self._step < own.probe_at):
                 continue
-            if dear and not self._may_pay(seq, state, limit, behind[seq.key], weight):
+            if (
+                dear
+                and not confirming
+                and not self._may_pay(seq, state, limit, behind[seq.key], weight)
+            ):
                 own.probe_at = self._step + PROBE_EVERY  # costs change: looked at again then
                 continue
             # A probe, paid from the budget. Not where the cheaper sources' drafts would do
@@ -525,8 +539,9 @@ class Governor:
     def _stale(self, state: SourceState) -> bool:
         """Whether the source's price, from calls timed long ago, should be measured anew:
         what kept it from being asked (a busy neighbour, say) may be gone. Not a figure the
-        source gave (a draft model too dear to pay is never made to read a prompt)."""
-        return not state.cost.given and self._step - state.called_at > RETIME_AFTER
+        source gave that no call has tested (a draft model too dear to pay is never made to
+        read a prompt)."""
+        return state.cost.timed and self._step - state.called_at > RETIME_AFTER
 
     def _drafting_seconds(self, k: int) -> float:
         """Predicted time of this step with one sequence verifying `k` drafts."""
@@ -777,16 +792,12 @@ class Governor:
         """How a call of the source compares with a plain step of `base` seconds: "cheap"
         (at most `PROBE_BUDGET` of it: asked every step), "dear" (more than the step: a
         draft model, called only where it can pay), else "middling"; None while either
-        is unmeasured, or while a price above "cheap" rests on a call or two
-        (`ProposeCost.settled`). Asking and reporting read it from here, so they never
-        disagree."""
+        is unmeasured. Asking and reporting read it from here, so they never disagree."""
         if base is None or not state.cost.known:
             return None
         typical = state.cost.typical()
         if typical <= PROBE_BUDGET * base:
             return "cheap"
-        if not state.cost.settled:
-            return None
         return "dear" if typical > base else "middling"
 
     def _step_seconds(self, drafting: int, k: int, at_most: bool = False) -> float:

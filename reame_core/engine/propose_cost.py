@@ -14,11 +14,12 @@ judged by that, not by a per-token model that does not fit it.
 
 A source's first timed call warms its caches (for prompt lookup, tens of times its usual
 time): it prices the source only until a second call is timed. And any call may be
-preempted on a shared host, so a price rests on `SETTLED_CALLS` calls after the first before
-it may condemn a source (`settled`); the governor asks an unsettled source again rather than
-calling it dear for the life of the process. A figure the source measured itself
-(`reame_draft_cost`) settles it at once: a draft model too dear to pay is never called to
-confirm it.
+preempted on a shared host, so a price from timed calls is `settled` only once
+`SETTLED_CALLS` calls after the first have been timed: until then the governor asks the
+source again, for one request, rather than condemn it for the life of the process. A figure
+the source measured itself (`reame_draft_cost`) is settled while no call has been timed: a
+draft model too dear to pay is never called to confirm it. `unsettle` starts the count
+again (a price from long ago), keeping the last call as the price meanwhile.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class ProposeCost:
         self._typical: float | None = None
         self._timed = 0  # calls timed by the governor, the first (a warm-up) included
         self._warm_up: tuple[float, int, int] | None = None  # kept until a second is timed
+        self._confirming = 0  # timed calls since the last (un)settling, the warm-up aside
         self._given = False  # a figure the source measured itself
 
     @property
@@ -44,15 +46,17 @@ class ProposeCost:
         return bool(self._calls)
 
     @property
-    def given(self) -> bool:
-        """Whether the source gave a figure of its own."""
-        return self._given
+    def timed(self) -> bool:
+        """Whether any call has been timed (not only a figure given)."""
+        return self._timed > 0
 
     @property
     def settled(self) -> bool:
-        """Whether the price may condemn the source: given by it, or timed often enough
-        that one slow call does not decide it."""
-        return self._given or self._timed > SETTLED_CALLS
+        """Whether the price may condemn the source: a figure it gave, no call timed yet;
+        or enough timed calls that one slow call does not decide it."""
+        if not self._timed:
+            return self._given
+        return self._confirming >= SETTLED_CALLS
 
     def observe(self, seconds: float, drafted: int, caught_up: int, *, given: bool = False) -> None:
         """A call that drafted at most `drafted` tokens for a sequence and caught up on
@@ -65,11 +69,23 @@ class ProposeCost:
             self._timed += 1
             if self._timed == 1:
                 self._warm_up = call
-            elif self._warm_up is not None:
-                if self._warm_up in self._calls:
+            else:
+                if self._warm_up is not None and self._warm_up in self._calls:
                     self._calls.remove(self._warm_up)
                 self._warm_up = None
+                self._confirming += 1
         self._calls.append(call)
+
+    def unsettle(self) -> None:
+        """Time the source anew: its price rests on its last call until `SETTLED_CALLS`
+        more are timed."""
+        if self._calls:
+            last = self._calls[-1]
+            self._calls.clear()
+            self._calls.append(last)
+        self._warm_up = None
+        self._confirming = 0
+        self._unit = self._typical = None
 
     def typical(self) -> float:
         """What a call has taken lately, whatever it was asked (the median; 0.0 before any

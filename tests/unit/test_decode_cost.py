@@ -277,3 +277,16 @@ def test_the_largest_size_timed_once_is_taken_as_timed() -> None:
     cost.observe([128], 0.9)
 
     assert cost.pass_seconds(128) == 0.9
+
+
+def test_two_neighbouring_sizes_timed_once_slow_cost_at_most_the_next_settled_one() -> None:
+    # One burst on the core preempted the first verifications of two draft lengths: each
+    # caps the other's line, but a pass of fewer tokens takes no longer than a settled one.
+    cost = DecodeCost()
+    timed_often(cost, 1, 0.01)
+    timed_often(cost, 9, 0.05)
+
+    cost.observe([5], 0.5)
+    cost.observe([7], 0.5)
+
+    assert cost.pass_seconds(5) == cost.pass_seconds(7) == 0.05

@@ -841,13 +841,20 @@ def test_a_source_that_must_first_read_a_long_prompt_is_probed_only_where_that_c
     assert not probed(ends_soon)
 
 
-def asked_at(governor: Governor, seq: Decoding, call_seconds: list[float], steps: int) -> list[int]:
-    """The steps at which the source was asked, its calls taking `call_seconds` in turn
-    (nothing once they run out)."""
+def asked_at(
+    governor: Governor,
+    seq: Decoding,
+    call_seconds: list[float],
+    steps: int,
+    right: int = 0,
+    then: float = 0.0,
+) -> list[int]:
+    """The steps at which the source was asked, its calls taking `call_seconds` in turn,
+    then `then` each, its drafts' first `right` tokens right."""
     asked: list[int] = []
     for count in range(steps):
-        seconds = call_seconds[len(asked)] if len(asked) < len(call_seconds) else 0.0
-        if step(governor, [seq], seconds=seconds):
+        seconds = call_seconds[len(asked)] if len(asked) < len(call_seconds) else then
+        if step(governor, [seq], right=right, seconds=seconds):
             asked.append(count)
     return asked
 
@@ -876,6 +883,33 @@ def test_a_source_is_timed_again_for_the_one_request_it_has_least_to_read() -> N
     again = [step(governor, seqs, seconds=slow) for _ in range(SETTLED_CALLS)]
 
     assert all([r.seq for r in asked] == [seqs[0]] for asked in again)
+
+
+def test_a_source_that_gave_its_cost_is_not_condemned_by_one_slow_call() -> None:
+    # It said a call costs 3% of a plain step, and its drafts come true; its first timed
+    # call was preempted (thirty plain steps).
+    governor, seq = scripted_governor(), Decoding()
+    governor.learn_costs({SOURCE: DraftCost(PROPOSE_SECONDS, drafted=8, caught_up=1)})
+
+    asked = asked_at(governor, seq, [30 * pass_seconds(1)], steps=60, right=8, then=PROPOSE_SECONDS)
+
+    assert len(asked) >= 50
+
+
+def test_a_source_timed_anew_reads_one_request_whatever_the_budget() -> None:
+    # Condemned long ago, four requests decoding now, none of them read, no budget left.
+    governor = scripted_governor()
+    seqs = [Decoding(seq_id=i) for i in range(4)]
+    slow = 3 * pass_seconds(1)
+    for _ in range(1 + SETTLED_CALLS):
+        step(governor, seqs[:1], seconds=slow)
+    for _ in range(RETIME_AFTER):
+        step(governor, seqs[:1], seconds=slow)
+    governor.sources[SOURCE].credit = -1.0
+
+    first = step(governor, seqs, seconds=PROPOSE_SECONDS)
+
+    assert len(first) == 1  # not every due request's text
 
 
 def test_a_source_found_too_dear_is_timed_anew_long_after() -> None:

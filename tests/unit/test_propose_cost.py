@@ -86,3 +86,29 @@ def test_two_slow_calls_among_three_settle_the_price_slow() -> None:
 
     assert cost.settled
     assert cost.typical() == pytest.approx(0.005)
+
+
+def test_a_given_figure_is_settled_only_until_calls_are_timed() -> None:
+    cost = ProposeCost()
+    cost.observe(timed(4, 1), drafted=4, caught_up=1, given=True)
+    settled = []
+    for _ in range(1 + SETTLED_CALLS):
+        cost.observe(timed(4, 1), drafted=4, caught_up=1)
+        settled.append(cost.settled)
+
+    assert settled == [False] * SETTLED_CALLS + [True]
+
+
+def test_timing_anew_keeps_the_last_call_as_the_price_until_it_settles() -> None:
+    cost = ProposeCost()
+    for seconds in (0.005, 0.005, 0.005, 0.005, 0.001):
+        cost.observe(seconds, drafted=4, caught_up=1)
+
+    cost.unsettle()
+
+    assert not cost.settled
+    assert cost.typical() == pytest.approx(0.001)
+    for _ in range(SETTLED_CALLS):
+        cost.observe(0.00002, drafted=4, caught_up=1)
+    assert cost.settled
+    assert cost.typical() == pytest.approx(0.00002)
