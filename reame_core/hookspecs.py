@@ -272,10 +272,10 @@ def reame_draft_cost() -> DraftCost | None:
     governor prices the source with it from the first step instead of calling it once to
     find out: a source whose drafts could not pay on this host even if every one came true
     is then never asked, and never made to read a prompt only to show that. Its timed calls
-    replace the figure as they come. A source that returns nothing is called early in the
-    first request, to learn its cost: its first call is taken as a warm-up, and unless its
-    calls prove cheap it is called until three more have been timed (one slow call on a
-    shared host does not condemn it); a price from calls long past is measured anew.
+    replace the figure as they come: the first is taken as a warm-up, and three more settle
+    the price (one slow call on a shared host does not condemn the source; until then it is
+    asked again, for one request); a price from calls long past is settled anew. A source
+    that returns nothing is called early in the first request, to learn its cost.
     """
 
 

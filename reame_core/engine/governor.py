@@ -256,7 +256,8 @@ class Governor:
         state = self.sources[source]
         base = self._base
         price = self._price(state, base)
-        if price in ("middling", "dear") and self._stale(state):
+        stale = self._stale(state)
+        if price in ("middling", "dear") and stale:
             state.cost.unsettle()
         priced = price is not None
         if price == "cheap":
@@ -283,7 +284,7 @@ class Governor:
         if state.cost.known and not state.cost.settled and seqs:
             nearest = min(seqs, key=lambda seq: behind[seq.key])
             # Not a prompt read to time it, but once each re-timing (it has read nothing)
-            if behind[nearest.key] <= CONFIRM_BEHIND or self._stale(state):
+            if behind[nearest.key] <= CONFIRM_BEHIND or stale:
                 confirm = nearest.key
         asked: list[DraftRequest] = []
         merit = False

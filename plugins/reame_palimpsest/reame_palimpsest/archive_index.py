@@ -77,7 +77,7 @@ _PADDING = np.full(max(MAX_MATCH, MAX_DRAFT), SEPARATOR, dtype=np.uint32)  # aro
 _MUL = np.uint64(0x100000001B3)  # FNV-1a's 64-bit prime
 _MUL_INT = int(_MUL)
 _MASK = (1 << 64) - 1
-_POWERS = np.array([pow(int(_MUL), j, 1 << 64) for j in range(MAX_MATCH + 1)], dtype=np.uint64)
+_POWERS = np.array([pow(_MUL_INT, j, 1 << 64) for j in range(MAX_MATCH + 1)], dtype=np.uint64)
 _BACK = np.arange(1, MAX_MATCH + 1, dtype=np.int64)
 _AHEAD = np.arange(MAX_DRAFT, dtype=np.int64)
 
