@@ -10,7 +10,10 @@ chain, a few set lookups, whatever the size of the fleet.
 What the router knows of each replica (`ReplicaView`):
 - the prompts its slots hold (`held`, as many as it has slots, most recent last): learned
   at once from each request routed there, and replaced, every few seconds, by what the
-  replica itself reports (`record_routing_stats`); the prompts of its requests in flight;
+  replica itself reports (`record_routing_stats`) — except the prompts of requests no
+  report has yet accounted for (`unreported`: a report names the requests the replica had
+  finished when it was taken, and may reach the router seconds later, after the request
+  completed); the prompts of its requests in flight;
 - the work in flight there (`Backlog`): each request the router sent it, priced at the
   prompt chunks it had to compute, until it completes, drained meanwhile at the rate the
   replica was measured to compute at.
@@ -170,6 +173,8 @@ class RoutingStats:
     serial: int = 0  # increases with every report
     # Recent sessions: turns it served of each, and whether its slots still hold it.
     sessions: dict[str, tuple[int, bool]] = field(default_factory=dict)
+    # The requests it finished most recently (`ForwardedRequest.id`), whatever their status.
+    finished: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -180,6 +185,7 @@ class RoutingStats:
             "stored": [h.hex() for h in self.stored],
             "shared_cache": self.shared_cache,
             "serial": self.serial,
+            "finished": list(self.finished),
             "sessions": {s: [turns, held] for s, (turns, held) in self.sessions.items()},
         }
 
@@ -193,6 +199,7 @@ class RoutingStats:
             stored=[bytes.fromhex(h) for h in data.get("stored", ())],
             shared_cache=bool(data.get("shared_cache", False)),
             serial=int(data.get("serial", 0)),
+            finished=[str(r) for r in data.get("finished", ())],
             sessions={
                 str(s): (int(turns), bool(held))
                 for s, (turns, held) in dict(data.get("sessions", {})).items()
@@ -210,6 +217,18 @@ class _SlotIndex:
     tails: Counter[bytes]
 
 
+@dataclass(frozen=True)
+class Unreported:
+    """A prompt routed to a replica that no report of the replica has accounted for yet:
+    until one names `request` among those it finished, the prompt is taken to be in a slot
+    there. A report may be taken before the request ran, or while it ran, and reach the
+    router after it completed. Without an id, the first report to arrive is taken to predate
+    it, and the next to account for it."""
+
+    chain: list[bytes]
+    request: str | None = None
+
+
 @dataclass
 class ReplicaView:
     """The router's picture of one replica."""
@@ -218,7 +237,7 @@ class ReplicaView:
     shared_cache: bool = False
     serial: int = -1
     held: list[list[bytes]] = field(default_factory=list)  # least recently used first
-    routed_since_report: list[list[bytes]] = field(default_factory=list)
+    unreported: list[Unreported] = field(default_factory=list)  # the most recent `slots`
     backlog: Backlog = field(default_factory=Backlog)
     others: int = 0  # requests in flight that this router did not send
     counted: int | None = None  # Serve's latest count of its requests, if any
@@ -405,7 +424,8 @@ class FleetAffinity:
 
     def observe(self, replica_id: str, stats: RoutingStats) -> None:
         """A replica's own report: it replaces what the router guessed its slots hold,
-        except for the requests routed since (the report may predate them)."""
+        except for the prompts of requests it does not name as finished (it may have been
+        taken before they ran, or while they ran: `Unreported`)."""
         view = self.replica(replica_id)
         if stats.serial == view.serial:
             return
@@ -415,9 +435,11 @@ class FleetAffinity:
             self._engine_says(replica_id, session, turns, held)
         view.held = []
         pinned = self._pinned_tails(replica_id)
-        for chain in [*stats.resident, *view.routed_since_report]:
+        finished = set(stats.finished)
+        unreported = [u for u in view.unreported if u.request not in finished]
+        for chain in [*stats.resident, *(u.chain for u in unreported)]:
             view.hold(chain, pinned)
-        view.routed_since_report.clear()
+        view.unreported = [u for u in unreported if u.request is not None]
         # The count may predate requests sent since: it adds requests, never drops them.
         view.others = self._others(view, stats.queued + stats.running)
         if stats.shared_cache:
@@ -602,9 +624,11 @@ class FleetAffinity:
         text: str,
         session: str | None = None,
         request: Hashable | None = None,
+        reported_as: str | None = None,
     ) -> None:
         """Record that a request went to `replica_id`: its prompt will be in that
-        replica's slots, its work in flight there until `completed(replica_id, request)`,
+        replica's slots (until a report naming it finished, as `reported_as`, says
+        otherwise), its work in flight there until `completed(replica_id, request)`,
         its prefix homed there if it had no home, any session whose pinned slot it takes
         no longer kept there, and its session lives there from now on."""
         view = self.replica(replica_id)
@@ -624,8 +648,8 @@ class FleetAffinity:
             self.sessions.turn(session, replica_id, chain, now)
         if chain:
             view.hold(chain, self._pinned_tails(replica_id))
-            view.routed_since_report.append(chain)
-            del view.routed_since_report[: -view.slots]
+            view.unreported.append(Unreported(chain, reported_as))
+            del view.unreported[: -view.slots]
             self.homes.claim(chain, replica_id)
 
     def _lose(self, session: str) -> None:
@@ -637,9 +661,7 @@ class FleetAffinity:
         if place.chain:
             view = self.replica(place.replica)
             view.drop(place.chain)
-            view.routed_since_report = [
-                c for c in view.routed_since_report if c[-1] != place.chain[-1]
-            ]
+            view.unreported = [u for u in view.unreported if u.chain[-1] != place.chain[-1]]
 
     def completed(self, replica_id: str, request: Hashable) -> None:
         """The request finished: its work leaves the replica's backlog, its prompt stays in

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,8 @@ class ForwardedRequest:
     # How much of `prompt` the disk prefix cache keeps: a chat's first turn (its system
     # prompt, usually), a completion's whole prompt.
     stored_chars: int = 0
+    # Names the request in its replica's reports (`RoutingStats.finished`).
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
     def routable(self) -> bool:

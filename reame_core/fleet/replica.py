@@ -37,6 +37,10 @@ log = structlog.get_logger(__name__)
 REPORTED_STORED = 64
 # Sessions whose turns this replica served that it reports on, the most recent.
 REPORTED_SESSIONS = 256
+# Requests this replica finished that it names in each report, the most recent: a router
+# takes a request's prompt to be in a slot until a report names it (`Unreported`), and
+# reports come every few seconds, so this only needs to cover the requests of a few.
+REPORTED_FINISHED = 64
 
 
 class ServedPrefixes:
@@ -63,6 +67,7 @@ class ServedPrefixes:
         self._recent_stored: OrderedDict[bytes, list[bytes]] = OrderedDict()
         # session -> turns served here, its last prompt's tail; the most recent last
         self._turns: OrderedDict[str, tuple[int, bytes]] = OrderedDict()
+        self._finished: OrderedDict[str, None] = OrderedDict()
         self._reported_sessions = max(REPORTED_SESSIONS, pinnable(slots))
         self._serial = 0
         self._lock = threading.Lock()
@@ -89,6 +94,14 @@ class ServedPrefixes:
             _remember(self._resident, chain, self.slots, keep=self._pinned_tails())
             if self.shared_cache and stored:
                 _remember(self._recent_stored, stored, REPORTED_STORED)
+
+    def finished(self, request_id: str) -> None:
+        """A request ended here, served or not (after `served`, if it was): reports taken
+        from now on account for it."""
+        with self._lock:
+            self._finished[request_id] = None
+            while len(self._finished) > REPORTED_FINISHED:
+                self._finished.popitem(last=False)
 
     def _pinned_tails(self) -> set[bytes]:
         """The last prompts of the sessions the engine keeps pinned: its most recent."""
@@ -122,6 +135,7 @@ class ServedPrefixes:
                 stored=[h for chain in self._recent_stored.values() for h in chain],
                 shared_cache=self.shared_cache,
                 serial=self._serial,
+                finished=list(self._finished),
             )
 
 
@@ -176,13 +190,17 @@ class ReameReplica:
     async def __call__(self, request: ForwardedRequest) -> AsyncIterator[ReplyStart | bytes]:
         status = 0
         tag = (REPLICA_HEADER.encode(), self.name.encode())
-        async for part in exchange(self.app, request):
-            if isinstance(part, ReplyStart):
-                status = part.status
-                part = ReplyStart(part.status, (*part.headers, tag))
-            yield part
-        if request.routable and status == 200:
-            self.prefixes.served(request.prompt, request.stored_chars, request.session)
+        try:
+            async for part in exchange(self.app, request):
+                if isinstance(part, ReplyStart):
+                    status = part.status
+                    part = ReplyStart(part.status, (*part.headers, tag))
+                yield part
+            if request.routable and status == 200:
+                self.prefixes.served(request.prompt, request.stored_chars, request.session)
+        finally:
+            if request.routable:
+                self.prefixes.finished(request.id)
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Ray Serve asks every `request_routing_stats_period_s`; the routers read it."""

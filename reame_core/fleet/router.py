@@ -94,7 +94,9 @@ class ReameRequestRouter(RequestRouter):
             return
         key = getattr(pending_request.metadata, "internal_request_id", None)
         if request.routable:
-            self._state().routed(replica_id.unique_id, request.prompt, request.session, key)
+            self._state().routed(
+                replica_id.unique_id, request.prompt, request.session, key, request.id
+            )
         else:
             self._state().routed(replica_id.unique_id, "", request=key)
 

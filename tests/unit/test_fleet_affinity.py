@@ -299,6 +299,34 @@ def test_a_report_replaces_guesses_but_keeps_requests_routed_since() -> None:
     assert view.resident(prefix_chain(SYSTEM_A)) == 0
 
 
+def test_a_requests_prompt_stays_until_a_report_names_the_request_finished() -> None:
+    # Reports reach the router seconds after the replica takes them: one taken while the
+    # request ran may arrive after it completed, and after another report.
+    affinity = fleet("r1", "r2", slots=2)
+    conversation = SYSTEM_A + "user: first question"
+    affinity.routed("r1", conversation, session="chat", request=1, reported_as="f-1")
+    affinity.observe("r1", RoutingStats(slots=2, serial=2))  # taken before it ran
+    affinity.completed("r1", 1)
+    affinity.observe("r1", RoutingStats(slots=2, serial=3, finished=["f-0"]))  # while it ran
+    next_turn = conversation + "assistant: ok\nuser: more"
+    assert affinity.rank(["r1", "r2"], next_turn, "chat").reason == "session"
+    # A report taken after it finished is believed: the slot was taken since.
+    affinity.observe("r1", RoutingStats(slots=2, serial=4, finished=["f-0", "f-1"]))
+    assert affinity.replica("r1").resident(prefix_chain(conversation)) == 0
+    assert affinity.rank(["r1", "r2"], next_turn, "chat").reason != "session"
+
+
+def test_a_replica_keeps_as_unreported_only_as_many_prompts_as_it_has_slots() -> None:
+    affinity = fleet("r1", slots=2)
+    prompts = [f"prompt {n} " * 40 for n in range(3)]
+    for n, prompt in enumerate(prompts):
+        affinity.routed("r1", prompt, request=n, reported_as=f"f-{n}")
+        affinity.completed("r1", n)
+    affinity.observe("r1", RoutingStats(slots=2, serial=2))
+    view = affinity.replica("r1")
+    assert [view.resident(prefix_chain(p)) > 0 for p in prompts] == [False, True, True]
+
+
 def test_a_replica_holds_only_as_many_prompts_as_it_has_slots() -> None:
     affinity = fleet("r1", slots=2)
     for prompt in (SYSTEM_A, SYSTEM_B, "C" * 1000):
@@ -394,7 +422,15 @@ def test_a_session_sticks_to_its_replica_over_home_and_backlog() -> None:
 
 def test_stats_cross_process_boundaries_as_plain_data() -> None:
     stats = RoutingStats(
-        1, 2, 4, [prefix_chain(SYSTEM_A)], prefix_chain(SYSTEM_B), True, 9, {"chat": (3, False)}
+        1,
+        2,
+        4,
+        [prefix_chain(SYSTEM_A)],
+        prefix_chain(SYSTEM_B),
+        True,
+        9,
+        {"chat": (3, False)},
+        ["f-1", "f-2"],
     )
     data = json.loads(json.dumps(stats.as_dict()))
     assert RoutingStats.from_dict(data) == stats
@@ -670,7 +706,7 @@ def test_a_replica_reports_its_sessions_as_its_engine_holds_them() -> None:
 def test_a_session_whose_slot_the_engine_gave_away_is_routed_by_cost() -> None:
     affinity = fleet("r1", "r2", slots=2)
     conversation = SYSTEM_A + "user: first question"
-    affinity.routed("r1", conversation, session="chat", request=1)
+    affinity.routed("r1", conversation, session="chat", request=1, reported_as="f-1")
     affinity.completed("r1", 1)
     next_turn = conversation + "assistant: ok\nuser: more"
     assert affinity.rank(["r1", "r2"], next_turn, "chat").reason == "session"
@@ -690,7 +726,7 @@ def test_a_session_whose_slot_the_engine_gave_away_is_routed_by_cost() -> None:
 def test_a_report_older_than_a_sessions_last_turn_says_nothing_of_it() -> None:
     affinity = fleet("r1", "r2", slots=2)
     conversation = SYSTEM_A + "user: first question"
-    affinity.routed("r1", conversation, session="chat", request=1)
+    affinity.routed("r1", conversation, session="chat", request=1, reported_as="f-1")
     affinity.completed("r1", 1)
     affinity.routed("r1", conversation + "user: two", session="chat", request=2)
     # Taken before turn 2 ended (one turn served), or while it runs: not believed.

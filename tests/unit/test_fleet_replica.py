@@ -15,8 +15,14 @@ from litestar.testing import TestClient
 
 from reame_core.backend.fake import FakeBackend
 from reame_core.fleet.affinity import CHUNK_CHARS, prefix_chain
-from reame_core.fleet.forwarding import REPLICA_HEADER, ReplyStart, exchange, forwarded
-from reame_core.fleet.replica import ReameReplica
+from reame_core.fleet.forwarding import (
+    REPLICA_HEADER,
+    ForwardedRequest,
+    ReplyStart,
+    exchange,
+    forwarded,
+)
+from reame_core.fleet.replica import REPORTED_FINISHED, ReameReplica, ServedPrefixes
 from reame_core.hookspecs import hookimpl
 from reame_core.hooktypes import ModelInfo
 from reame_core.plugins import PluginHost
@@ -100,6 +106,35 @@ def test_served_prompts_show_in_the_routing_report(replica: ReameReplica) -> Non
     assert report["resident"] and report["queued"] == 0 and report["running"] == 0
     assert report["stored"] == []  # no shared disk cache in this replica
     replica.check_health()
+
+
+def test_a_report_names_the_requests_finished_before_it_served_or_not(
+    replica: ReameReplica,
+) -> None:
+    chat = {**CHAT, "messages": [{"role": "user", "content": "Tell me of maps. " * 20}]}
+    raw = json.dumps(chat).encode()
+    served = forwarded("POST", "/v1/chat/completions", b"", [], raw)
+    refused = forwarded("POST", "/v1/chat/completions", b"", [], b'{"messages": 1}')
+    assert served.id != refused.id
+    before = replica.record_routing_stats()
+
+    async def run(request: ForwardedRequest) -> None:
+        async for _ in replica(request):
+            pass
+
+    asyncio.run(run(served))
+    asyncio.run(run(refused))
+    after = replica.record_routing_stats()
+    assert before["finished"] == [] and after["finished"] == [served.id, refused.id]
+    assert after["resident"] == [[h.hex() for h in prefix_chain(served.prompt)]]
+
+
+def test_a_report_names_only_the_most_recent_requests_finished() -> None:
+    served = ServedPrefixes(slots=2, shared_cache=False)
+    for n in range(REPORTED_FINISHED + 5):
+        served.finished(f"request-{n}")
+    finished = served.report(0, 0).finished
+    assert len(finished) == REPORTED_FINISHED and finished[-1] == f"request-{REPORTED_FINISHED + 4}"
 
 
 class _SharedStore:
