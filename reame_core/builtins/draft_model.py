@@ -15,6 +15,8 @@ speculative sampling exact too.
 Before the engine's first step it times a few of its own decodes, on the engine thread, and
 gives the governor what a call costs (`reame_draft_cost`), so that on a host where it is
 too slow next to verification it is never asked, not even once to read a prompt and show it.
+Priced out so, it is asked to time them again now and then: a neighbour busy at start must
+not keep it out for good.
 """
 
 from __future__ import annotations
@@ -130,14 +132,14 @@ class DraftModel:
 
     @hookimpl
     def reame_draft_cost(self) -> DraftCost | None:
-        if self.backend is None:
+        if self.backend is None or not self._free:  # every sequence of it mirrors a request
             return None
-        if self.cost is None:  # on the engine thread, where its calls will run
-            self.cost = time_a_call(self.backend, self._free[-1], drafted=self._longest)
-            log.info(
-                "draft model timed",
-                ms_per_drafted_token=round(self.cost.seconds / self.cost.drafted * 1000, 2),
-            )
+        # On the engine thread, where its calls will run; anew each time it is asked.
+        self.cost = time_a_call(self.backend, self._free[-1], drafted=self._longest)
+        log.info(
+            "draft model timed",
+            ms_per_drafted_token=round(self.cost.seconds / self.cost.drafted * 1000, 2),
+        )
         return self.cost
 
     @hookimpl

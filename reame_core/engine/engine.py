@@ -16,7 +16,7 @@ import dataclasses
 import os
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 
 import structlog
 
@@ -128,16 +128,19 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
 
-    def _price_sources(self) -> None:
-        """Give the governor what the draft sources say their calls cost before the first
-        one (`reame_draft_cost`), once, on the thread that decodes: a draft model times its
-        own decodes there, as its calls will run (a second thread decoding would leave its
-        idle OpenMP workers spinning beside this one's). A plugin that fails to say is
-        called to find out instead."""
+    def _price_sources(self, only: Collection[str] | None = None) -> None:
+        """Give the governor what the draft sources (`only` these, if given) say their
+        calls cost (`reame_draft_cost`): all before the first step, and one priced out by
+        its figure again now and then (`Governor.reprice_due`); on the thread that decodes:
+        a draft model times its own decodes there, as its calls will run (a second thread
+        decoding would leave its idle OpenMP workers spinning beside this one's). A plugin
+        that fails to say is called to find out instead."""
         self._sources_priced = True
         costs: dict[str, DraftCost] = {}
         for impl in self.hook.reame_draft_cost.get_hookimpls():
             if impl.plugin_name not in self.governor.sources:
+                continue
+            if only is not None and impl.plugin_name not in only:
                 continue
             try:
                 cost = impl.function()
@@ -320,6 +323,8 @@ class Engine:
         """Advance every request by one decode. Returns False when there was nothing to do."""
         if not self._sources_priced:
             self._price_sources()
+        elif due := self.governor.reprice_due():
+            self._price_sources(due)
         self._take_inbox(block=False)
         self._reap_cancelled()
         # Waiting requests take free slots before a running one's later candidates, unless

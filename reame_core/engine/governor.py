@@ -29,7 +29,9 @@ not pay there. No probe of a source whose call costs more than a plain step goes
 could not pay even if every draft of it came true, its catch-up on what it has not read
 yet spread over the rest of the request: a draft model too slow next to verification on
 this host is never asked, and never made to read a prompt to show it (a source that did
-not give its cost is called to learn it); a cheaper source is looked at anyway, as
+not give its cost is called to learn it; one priced out by the figure it gave is asked for
+a new figure every `RETIME_AFTER` steps, `reprice_due`: a busy neighbour at start must not
+keep it out for good); a cheaper source is looked at anyway, as
 looking is how its evidence comes. One slow call must not condemn a source on a shared
 host: until its price from timed calls is settled (`ProposeCost.settled`: its first call
 is a warm-up, then three more) it is asked again each step for the one request it has least
@@ -103,6 +105,7 @@ class SourceState:
     probe_seconds: float = 0.0
     credit: float = 0.0  # seconds it may still spend probing (< 0: repaid by decoding)
     called_at: int = 0  # step of its last call
+    given_at: int = 0  # step it last gave its cost (`reame_draft_cost`), or was asked to
     k: int = 0  # length of its last verified draft
     # What its drafts chosen on their merit delivered against their estimates.
     calibration: Calibration = field(default_factory=lambda: Calibration(DECAY))
@@ -612,9 +615,26 @@ class Governor:
         each is priced with it until its own timed calls take over."""
         for name, cost in costs.items():
             if name in self.sources:
-                self.sources[name].cost.observe(
-                    cost.seconds, cost.drafted, cost.caught_up, given=True
-                )
+                state = self.sources[name]
+                state.cost.observe(cost.seconds, cost.drafted, cost.caught_up, given=True)
+                state.given_at = self._step
+
+    def reprice_due(self) -> list[str]:
+        """Sources to ask for their cost anew (`reame_draft_cost`), counted as asked from
+        now: each priced only by a figure it gave more than `RETIME_AFTER` steps ago, no
+        call of it timed since. Such a source has not been called in all that time (a call
+        is timed), as a rule because the figure priced it out; it may have been measured
+        beside a busy neighbour, or before the host settled."""
+        due = [
+            name
+            for name, state in self.sources.items()
+            if state.enabled
+            and state.cost.given
+            and self._step - max(state.given_at, state.called_at) > RETIME_AFTER
+        ]
+        for name in due:
+            self.sources[name].given_at = self._step
+        return due
 
     def threads_changed(self, threads: int) -> None:
         """The backend now computes with `threads` threads: decodes cost what they cost

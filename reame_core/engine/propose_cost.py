@@ -18,8 +18,9 @@ preempted on a shared host, so a price from timed calls is `settled` only once
 `SETTLED_CALLS` calls after the first have been timed: until then the governor asks the
 source again, for one request, rather than condemn it for the life of the process. A figure
 the source measured itself (`reame_draft_cost`) is settled while no call has been timed: a
-draft model too dear to pay is never called to confirm it. `unsettle` starts the count
-again (a price from long ago), keeping the last call as the price meanwhile.
+draft model too dear to pay is never called to confirm it (the source is asked to measure
+itself anew now and then instead, and its new figure replaces the old). `unsettle` starts
+the count again (a price from long ago), keeping the last call as the price meanwhile.
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ class ProposeCost:
         return self._timed > 0
 
     @property
+    def given(self) -> bool:
+        """Whether the price is a figure the source gave, no call timed."""
+        return self._given and not self._timed
+
+    @property
     def settled(self) -> bool:
         """Whether the price may condemn the source: a figure it gave, no call timed yet;
         or enough timed calls that one slow call does not decide it."""
@@ -64,6 +70,8 @@ class ProposeCost:
         call = (max(0.0, seconds), max(0, drafted), max(0, caught_up))
         self._unit = self._typical = None
         if given:
+            if not self._timed:  # a figure measured anew replaces the last one
+                self._calls.clear()
             self._given = True
         else:
             self._timed += 1

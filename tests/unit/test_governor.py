@@ -13,6 +13,7 @@ the host, not the load on the machine running the tests. Engines are stepped by 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 from collections.abc import Callable, Sequence
@@ -36,6 +37,7 @@ from reame_core.backend import fake as fake_module
 from reame_core.backend.base import Batch, equal_split_passes
 from reame_core.backend.fake import FakeBackend
 from reame_core.engine import committer, runner, scheduler
+from reame_core.engine import governor as governor_module
 from reame_core.engine.acceptance import Calibration
 from reame_core.engine.engine import Engine
 from reame_core.engine.governor import PROBE_BUDGET, PROBE_EVERY, RETIME_AFTER, Governor
@@ -477,6 +479,43 @@ def test_a_preempted_first_verification_does_not_switch_speculation_off(
     assert preempted
     drafted = [r.usage.draft_accepted.get(SOURCE, 0) for r in results]
     assert all(n >= 0.75 * r.usage.completion_tokens for n, r in zip(drafted, results, strict=True))
+
+
+class BusyAtStart(Mirroring):
+    """A draft model timed beside a busy neighbour at start: its first figure is fifty times
+    what its calls cost; it counts the times it is asked."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.priced = 0
+
+    @hookimpl
+    def reame_draft_cost(self) -> DraftCost:
+        self.priced += 1
+        cost = DraftCost(self.read_s + 4 * self.draft_s, drafted=4, caught_up=1)
+        return cost if self.priced > 1 else dataclasses.replace(cost, seconds=50 * cost.seconds)
+
+
+def test_a_draft_model_priced_out_at_start_is_timed_again_and_drafts(
+    make_engine: MakeEngine,
+    tokenize: Tokenize,
+    drive: Drive,
+    answers: Answers,
+    clock: VirtualClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Cheap and always right, but priced out by its first figure; asked again after
+    # RETIME_AFTER steps (40 here), it drafts the rest of the answer.
+    monkeypatch.setattr(governor_module, "RETIME_AFTER", 40)
+    step_s = EXPENSIVE_PASS["step_cost_s"]
+    source = BusyAtStart(KnownAnswers(answers), step_s / 10, step_s / 100, clock.sleep)
+    engine = make_engine(plugins=drafting(source), start=False, **EXPENSIVE_PASS)
+
+    [result] = run(engine, drive, request(tokenize(PROMPTS[0]), max_tokens=200, ignore_eos=True))
+
+    assert source.priced == 2
+    assert source.first_asked_at is not None and source.first_asked_at >= 40
+    assert result.usage.draft_accepted[SOURCE] >= 0.5 * result.usage.completion_tokens
 
 
 class TimedAtStart:
@@ -924,6 +963,24 @@ def test_a_source_found_too_dear_is_timed_anew_long_after() -> None:
     later = asked[1 + SETTLED_CALLS :]
     assert later and later[0] > RETIME_AFTER
     assert later == list(range(later[0], RETIME_AFTER + 40))
+
+
+def test_a_source_priced_out_by_the_figure_it_gave_is_asked_for_a_new_one_long_after() -> None:
+    # It said a call costs ten plain steps (timed beside a busy neighbour): never asked.
+    # Long after, it is asked to measure itself again, and once it says it is cheap it is.
+    governor, seq = scripted_governor(), Decoding()
+    governor.learn_costs({SOURCE: DraftCost(10 * pass_seconds(1), drafted=8, caught_up=1)})
+    due_at = []
+    for count in range(RETIME_AFTER + 2):
+        assert not step(governor, [seq])
+        if governor.reprice_due():
+            due_at.append(count)
+
+    assert due_at == [RETIME_AFTER]  # once: asked, it counts as measured now
+    governor.learn_costs({SOURCE: DraftCost(PROPOSE_SECONDS, drafted=8, caught_up=1)})
+    asked = [bool(step(governor, [seq], right=8)) for _ in range(20)]
+    assert all(asked[10:])  # probed as the budget allows, then its drafts pay every step
+    assert not governor.reprice_due()  # timed calls price it from now on
 
 
 def test_a_source_cheaper_than_a_step_is_looked_at_though_only_prompt_chunks_were_timed() -> None:

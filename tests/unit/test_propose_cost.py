@@ -112,3 +112,16 @@ def test_timing_anew_keeps_the_last_call_as_the_price_until_it_settles() -> None
         cost.observe(0.00002, drafted=4, caught_up=1)
     assert cost.settled
     assert cost.typical() == pytest.approx(0.00002)
+
+
+def test_a_figure_given_anew_replaces_the_last_until_a_call_is_timed() -> None:
+    cost = ProposeCost()
+    cost.observe(0.050, drafted=4, caught_up=1, given=True)  # beside a busy neighbour
+    cost.observe(0.002, drafted=4, caught_up=1, given=True)
+
+    assert cost.given and cost.settled
+    assert cost.typical() == pytest.approx(0.002)
+
+    cost.observe(0.003, drafted=4, caught_up=1)
+
+    assert not cost.given
