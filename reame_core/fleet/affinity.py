@@ -175,6 +175,9 @@ class RoutingStats:
     sessions: dict[str, tuple[int, bool]] = field(default_factory=dict)
     # The requests it finished most recently (`ForwardedRequest.id`), whatever their status.
     finished: list[str] = field(default_factory=list)
+    # Whether its engine keeps a pinned conversation whose slot another request takes in
+    # memory, for the session's next turn there (engine/slots.py, `spill_bytes`).
+    spills: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -186,6 +189,7 @@ class RoutingStats:
             "shared_cache": self.shared_cache,
             "serial": self.serial,
             "finished": list(self.finished),
+            "spills": self.spills,
             "sessions": {s: [turns, held] for s, (turns, held) in self.sessions.items()},
         }
 
@@ -200,6 +204,7 @@ class RoutingStats:
             shared_cache=bool(data.get("shared_cache", False)),
             serial=int(data.get("serial", 0)),
             finished=[str(r) for r in data.get("finished", ())],
+            spills=bool(data.get("spills", False)),
             sessions={
                 str(s): (int(turns), bool(held))
                 for s, (turns, held) in dict(data.get("sessions", {})).items()
@@ -235,6 +240,7 @@ class ReplicaView:
 
     slots: int = 1
     shared_cache: bool = False
+    spills: bool = False  # keeps a taken pinned conversation for its next turn (`RoutingStats`)
     serial: int = -1
     held: list[list[bytes]] = field(default_factory=list)  # least recently used first
     unreported: list[Unreported] = field(default_factory=list)  # the most recent `slots`
@@ -430,7 +436,7 @@ class FleetAffinity:
         if stats.serial == view.serial:
             return
         view.serial = stats.serial
-        view.slots, view.shared_cache = stats.slots, stats.shared_cache
+        view.slots, view.shared_cache, view.spills = stats.slots, stats.shared_cache, stats.spills
         for session, (turns, held) in stats.sessions.items():
             self._engine_says(replica_id, session, turns, held)
         view.held = []
@@ -570,7 +576,9 @@ class FleetAffinity:
         - else, with none free at all, it waits for the next slot freed, as likely a
           session's as any other;
         - and a turn of a session new there, where every pin is taken, unpins the least
-          recent session once done, whichever slot it ran in."""
+          recent session once done, whichever slot it ran in.
+        A replica that `spills` keeps a pinned conversation whose slot is taken in memory,
+        and its session's next turn there loads it back: only the unpinning costs it."""
         view = self.replica(replica_id)
         pinned = self.sessions.pinned(replica_id, view.slots)
         mine = any(s == session for s, _ in pinned)
@@ -579,7 +587,7 @@ class FleetAffinity:
             return []
         chances: dict[str, tuple[SessionPlace, float]] = {}
         unpinned_busy = view.ongoing - sum(p.turns_in_flight for _, p in pinned)
-        if unpinned_busy >= view.slots - len(pinned):
+        if not view.spills and unpinned_busy >= view.slots - len(pinned):
             idle = [(s, p) for s, p in others if not p.turns_in_flight]
             if idle:  # its slot is taken at once: that frees a pin too
                 s, p = idle[-1]

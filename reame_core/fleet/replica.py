@@ -109,11 +109,16 @@ class ServedPrefixes:
         return {tail for _, tail in recent}
 
     def report(
-        self, queued: int, running: int, conversations: set[str] | None = None
+        self,
+        queued: int,
+        running: int,
+        conversations: set[str] | None = None,
+        spills: bool = False,
     ) -> RoutingStats:
         """What the routers need; `conversations`, the sessions whose conversation the
-        engine's slots hold now (None: unknown), corrects the record: a session not among
-        them lost its slot to another request."""
+        engine's slots hold now, or keep in memory since their slot was taken (None:
+        unknown), corrects the record: a session not among them lost its slot to another
+        request. `spills`: the engine keeps such conversations (engine/slots.py)."""
         with self._lock:
             self._serial += 1
             resident = list(self._resident.values())
@@ -136,6 +141,7 @@ class ServedPrefixes:
                 shared_cache=self.shared_cache,
                 serial=self._serial,
                 finished=list(self._finished),
+                spills=spills,
             )
 
 
@@ -207,8 +213,12 @@ class ReameReplica:
         in_flight = self.server.in_flight
         running = min(in_flight, self.prefixes.slots)
         runtime = self.server.runtime
-        held = runtime.engine.slots.conversations() if runtime is not None else None
-        return self.prefixes.report(in_flight - running, running, held).as_dict()
+        if runtime is None:
+            return self.prefixes.report(in_flight - running, running).as_dict()
+        slots = runtime.engine.slots
+        return self.prefixes.report(
+            in_flight - running, running, slots.conversations(), spills=slots.spill_bytes > 0
+        ).as_dict()
 
     def check_health(self) -> None:
         """Ray Serve restarts a replica whose health check raises."""

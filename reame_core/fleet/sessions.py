@@ -4,10 +4,13 @@ keeps pinned, as the router sees them.
 The engine pins the slot of a session's finished turn to that session, so that its next
 turn finds the conversation's KV (engine/slots.py): at most half the replica's slots, the
 most recent sessions; a request that finds no free unpinned slot takes a pinned one
-instead, and the conversation there must be computed again on its next turn. A 2-slot
-replica so keeps one conversation. The router mirrors this to price it: a request that
-would take an idle live session's slot costs that conversation's recompute, and so does a
-new session sent where all the pins are taken (its turn, once done, unpins the oldest).
+instead, the engine first copying the conversation out, in memory, for the session's next
+turn there (a replica that `spills`, as Reame's engine does; otherwise the conversation
+must be computed again). A 2-slot replica so keeps one conversation. The router mirrors
+this to price it: a new session sent where all the pins are taken costs the oldest
+pinned conversation its recompute (its turn, once done, unpins it, and an unpinned slot is
+taken without a copy), and so, on a replica that does not spill, does a request that would
+take an idle live session's slot.
 
 A session is live while a turn of it is in flight, or while it is likely to come back:
 judged by its own rhythm once it has one (the longest wait between one of its turns ending

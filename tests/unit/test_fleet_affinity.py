@@ -431,6 +431,7 @@ def test_stats_cross_process_boundaries_as_plain_data() -> None:
         9,
         {"chat": (3, False)},
         ["f-1", "f-2"],
+        True,
     )
     data = json.loads(json.dumps(stats.as_dict()))
     assert RoutingStats.from_dict(data) == stats
@@ -545,6 +546,33 @@ def test_a_request_sent_onto_an_idle_sessions_slot_costs_the_session_its_place()
     choice = affinity.rank(["r1", "r2"], conversation + "assistant: ok\nuser: more", "chat")
     assert choice.reason != "session"
     assert choice.ranked[0] == "r2"  # its conversation is nowhere now; r1 is busy
+
+
+def test_taking_a_slot_whose_conversation_the_engine_keeps_costs_the_session_nothing() -> None:
+    # The engine copies a pinned conversation out before another request takes its slot,
+    # and loads it back on the session's next turn there (`spills`).
+    affinity = fleet("r1", "r2", slots=2)
+    for replica in ("r1", "r2"):
+        affinity.observe(replica, RoutingStats(slots=2, serial=2, spills=True))
+    conversation = SYSTEM_A + "user: " + "a long message of the session " * 60
+    affinity.routed("r1", conversation, session="chat", request="turn 1")
+    affinity.completed("r1", "turn 1")
+    affinity.routed("r1", "q" * 300, request="x")  # r1's other slot is busy
+    affinity.routed("r2", "p" * 800, request="y")
+    prompt = "Hello there. " * 30
+    costs = affinity.rank(["r1", "r2"], prompt).costs
+    assert (
+        costs["r1"] == len(prefix_chain("q" * 300)) + len(prefix_chain(prompt)) + 2
+    )  # no recompute
+    affinity.routed("r1", prompt, request="takes the pinned slot")
+    next_turn = conversation + "assistant: ok\nuser: more"
+    assert affinity.rank(["r1", "r2"], next_turn, "chat").ranked[0] == "r1"
+    assert affinity.rank(["r1", "r2"], next_turn, "chat").reason == "session"
+    # A new session's turn still unpins it, once done: that one costs it its place.
+    first_turn = affinity.rank(["r1", "r2"], SYSTEM_B + "user: hello", session="new")
+    assert (
+        first_turn.costs["r1"] > affinity.rank(["r1", "r2"], SYSTEM_B + "user: hello").costs["r1"]
+    )
 
 
 def test_a_new_session_goes_where_it_unpins_no_live_conversation() -> None:
