@@ -267,8 +267,9 @@ def reame_draft_cost() -> DraftCost | None:
     """What a call to this plugin's ``reame_propose_drafts`` costs, if the plugin knows before
     its first call (a draft model times a few of its own decodes).
 
-    Called on the engine thread before its first step, and again whenever the figure has
-    kept the source from being called for 4,096 steps (`engine.governor.RETIME_AFTER`):
+    Called on the engine thread before its first step, and again whenever the source has
+    not been called for 4,096 steps since (`engine.governor.RETIME_AFTER`), as a rule
+    because the figure priced it out:
     time your decodes there, anew each time (a second thread decoding leaves idle OpenMP
     workers spinning beside the engine's; a figure taken beside a busy neighbour may no
     longer hold). The governor prices the source with it from the first step instead of

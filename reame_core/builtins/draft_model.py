@@ -343,15 +343,17 @@ def time_a_call(backend: LlamaBackend, seq_id: int, drafted: int, timed: int = 8
     batch = Batch()
     for position, token in enumerate(tokens):
         batch.add(token, position, seq_id, position == len(tokens) - 1)
-    token, _ = _argmax_with_confidence(np.array(backend.decode(batch)[0], copy=True))
     seconds = []
-    for position in range(len(tokens), len(tokens) + timed):
-        started = time.perf_counter()
-        step = Batch()
-        step.add(token, position, seq_id, True)
-        token, _ = _argmax_with_confidence(np.array(backend.decode(step)[0], copy=True))
-        seconds.append(time.perf_counter() - started)
-    backend.seq_rm(seq_id, 0)
+    try:
+        token, _ = _argmax_with_confidence(np.array(backend.decode(batch)[0], copy=True))
+        for position in range(len(tokens), len(tokens) + timed):
+            started = time.perf_counter()
+            step = Batch()
+            step.add(token, position, seq_id, True)
+            token, _ = _argmax_with_confidence(np.array(backend.decode(step)[0], copy=True))
+            seconds.append(time.perf_counter() - started)
+    finally:  # the sequence is a free one, handed out empty to the next request
+        backend.seq_rm(seq_id, 0)
     return DraftCost(drafted * statistics.median(seconds), drafted, caught_up=1)
 
 

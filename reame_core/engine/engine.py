@@ -134,7 +134,8 @@ class Engine:
         its figure again now and then (`Governor.reprice_due`); on the thread that decodes:
         a draft model times its own decodes there, as its calls will run (a second thread
         decoding would leave its idle OpenMP workers spinning beside this one's). A plugin
-        that fails to say is called to find out instead."""
+        that fails to say before the first step is called to find out instead; one that
+        fails to say again keeps its last figure until `RETIME_AFTER` more steps."""
         self._sources_priced = True
         costs: dict[str, DraftCost] = {}
         for impl in self.hook.reame_draft_cost.get_hookimpls():

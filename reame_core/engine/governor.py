@@ -80,7 +80,7 @@ PROBE_BUDGET = 0.01  # probes (and asking a source every step) may cost this sha
 PROBE_TOKENS = 4  # tokens asked of a probe
 PROBE_EVERY = 8  # steps before a request probes a source shown not to pay (doubling)
 PROBE_MAX = 4096
-RETIME_AFTER = 4096  # steps without a call after which a timed price is measured anew
+RETIME_AFTER = 4096  # steps without a call after which a price is measured anew
 CONFIRM_BEHIND = 16  # most tokens a call made only to time a source may catch up on
 SHADOWS_MAX = 32  # shadow drafts pending per request
 IDLE_CALLS = 64  # a cheap source that offered a request nothing this many calls running
@@ -611,8 +611,9 @@ class Governor:
     # ---------------------------------------------------------- learning
 
     def learn_costs(self, costs: Mapping[str, DraftCost]) -> None:
-        """What sources measured their calls to cost before the first (`reame_draft_cost`):
-        each is priced with it until its own timed calls take over."""
+        """What sources measured their calls to cost themselves (`reame_draft_cost`, before
+        the first step and when `reprice_due`): each is priced with it until its own timed
+        calls take over, a figure given anew replacing the last."""
         for name, cost in costs.items():
             if name in self.sources:
                 state = self.sources[name]
@@ -623,12 +624,13 @@ class Governor:
         """Sources to ask for their cost anew (`reame_draft_cost`), counted as asked from
         now: each priced only by a figure it gave more than `RETIME_AFTER` steps ago, no
         call of it timed since. Such a source has not been called in all that time (a call
-        is timed), as a rule because the figure priced it out; it may have been measured
-        beside a busy neighbour, or before the host settled."""
+        is timed), as a rule because the figure priced it out ("too dear"); it may have been
+        measured beside a busy neighbour, or before the host settled. A source that failed
+        is never asked again."""
         due = [
             name
             for name, state in self.sources.items()
-            if state.enabled
+            if name not in self._retired
             and state.cost.given
             and self._step - max(state.given_at, state.called_at) > RETIME_AFTER
         ]
@@ -788,6 +790,8 @@ class Governor:
                 f"at most {best:.2f}x even if every draft came true, at "
                 f"{state.cost.typical() * 1000:.1f} ms a call: not asked"
             )
+            if state.cost.given:
+                state.reason += f" (its cost is asked anew after {RETIME_AFTER} steps)"
         elif not state.acceptance.reached:
             state.enabled, state.state = True, "new"
             state.reason = "no drafts yet"

@@ -975,6 +975,8 @@ def test_a_source_priced_out_by_the_figure_it_gave_is_asked_for_a_new_one_long_a
         assert not step(governor, [seq])
         if governor.reprice_due():
             due_at.append(count)
+        if count % 500 == 0:  # /metrics and /status read the governor's report meanwhile
+            assert governor.report()["sources"][0]["state"] == "too dear"
 
     assert due_at == [RETIME_AFTER]  # once: asked, it counts as measured now
     governor.learn_costs({SOURCE: DraftCost(PROPOSE_SECONDS, drafted=8, caught_up=1)})
