@@ -61,6 +61,12 @@ DECODE_CHUNKS = 1.0
 # A request the router did not send (another ingress's, or one it lost track of), priced
 # at about half a cold 500-token prompt.
 UNKNOWN_REQUEST_CHUNKS = 8.0
+# Reports a routed prompt outlives its request's end unnamed (the replica never served it:
+# cancelled before it ran, say) before it no longer counts as in a slot: a report taken
+# after the request finished names it, and reports come every few seconds.
+UNREPORTED_REPORTS = 3
+# Most routed prompts a replica's view keeps until reports account for them.
+UNREPORTED_MOST = 64
 HASH_BYTES = 8
 
 
@@ -222,16 +228,19 @@ class _SlotIndex:
     tails: Counter[bytes]
 
 
-@dataclass(frozen=True)
+@dataclass
 class Unreported:
     """A prompt routed to a replica that no report of the replica has accounted for yet:
     until one names `request` among those it finished, the prompt is taken to be in a slot
     there. A report may be taken before the request ran, or while it ran, and reach the
-    router after it completed. Without an id, the first report to arrive is taken to predate
-    it, and the next to account for it."""
+    router after it completed. Once the request has left the router's backlog (`key`),
+    at most `UNREPORTED_REPORTS` more reports may pass without naming it. Without an id,
+    the first report to arrive is taken to predate it, and the next to account for it."""
 
     chain: list[bytes]
-    request: str | None = None
+    request: str | None = None  # `ForwardedRequest.id`
+    key: Hashable | None = None  # its entry in the replica's backlog
+    reports_since_done: int = 0
 
 
 @dataclass
@@ -243,7 +252,7 @@ class ReplicaView:
     spills: bool = False  # keeps a taken pinned conversation for its next turn (`RoutingStats`)
     serial: int = -1
     held: list[list[bytes]] = field(default_factory=list)  # least recently used first
-    unreported: list[Unreported] = field(default_factory=list)  # the most recent `slots`
+    unreported: list[Unreported] = field(default_factory=list)  # routed first, first
     backlog: Backlog = field(default_factory=Backlog)
     others: int = 0  # requests in flight that this router did not send
     counted: int | None = None  # Serve's latest count of its requests, if any
@@ -433,7 +442,7 @@ class FleetAffinity:
         except for the prompts of requests it does not name as finished (it may have been
         taken before they ran, or while they ran: `Unreported`)."""
         view = self.replica(replica_id)
-        if stats.serial == view.serial:
+        if stats.serial <= view.serial:  # seen, or older than one seen
             return
         view.serial = stats.serial
         view.slots, view.shared_cache, view.spills = stats.slots, stats.shared_cache, stats.spills
@@ -442,7 +451,15 @@ class FleetAffinity:
         view.held = []
         pinned = self._pinned_tails(replica_id)
         finished = set(stats.finished)
-        unreported = [u for u in view.unreported if u.request not in finished]
+        unreported = []
+        for entry in view.unreported:
+            if entry.request in finished:
+                continue
+            if entry.key not in view.backlog.in_flight:
+                entry.reports_since_done += 1
+                if entry.reports_since_done > UNREPORTED_REPORTS:
+                    continue
+            unreported.append(entry)
         for chain in [*stats.resident, *(u.chain for u in unreported)]:
             view.hold(chain, pinned)
         view.unreported = [u for u in unreported if u.request is not None]
@@ -552,6 +569,8 @@ class FleetAffinity:
         place = self.sessions.get(session)
         if place is None or not place.kept or place.replica not in live:
             return None
+        if place.set_aside:  # in the engine's memory there, out of any slot
+            return place.replica
         view = self.replica(place.replica)
         return place.replica if view.resident(place.chain) >= len(place.chain) else None
 
@@ -577,8 +596,9 @@ class FleetAffinity:
           session's as any other;
         - and a turn of a session new there, where every pin is taken, unpins the least
           recent session once done, whichever slot it ran in.
-        A replica that `spills` keeps a pinned conversation whose slot is taken in memory,
-        and its session's next turn there loads it back: only the unpinning costs it."""
+        A replica that `spills` keeps a pinned conversation whose slot is taken in memory
+        (as long as its store holds it: the replica's reports say when not), and its
+        session's next turn there loads it back: only the unpinning costs it."""
         view = self.replica(replica_id)
         pinned = self.sessions.pinned(replica_id, view.slots)
         mine = any(s == session for s, _ in pinned)
@@ -587,13 +607,15 @@ class FleetAffinity:
             return []
         chances: dict[str, tuple[SessionPlace, float]] = {}
         unpinned_busy = view.ongoing - sum(p.turns_in_flight for _, p in pinned)
-        if not view.spills and unpinned_busy >= view.slots - len(pinned):
+        if unpinned_busy >= view.slots - len(pinned):
             idle = [(s, p) for s, p in others if not p.turns_in_flight]
             if idle:  # its slot is taken at once: that frees a pin too
                 s, p = idle[-1]
-                return [Displaced(s, 1.0, self._recompute(view, p, chain, now), at_once=True)]
-            for s, p in others:
-                chances[s] = (p, 1.0 / max(1, view.ongoing))
+                recompute = 0.0 if view.spills else self._recompute(view, p, chain, now)
+                return [Displaced(s, 1.0, recompute, at_once=True)]
+            if not view.spills:
+                for s, p in others:
+                    chances[s] = (p, 1.0 / max(1, view.ongoing))
         if session is not None and not mine and len(pinned) >= pinnable(view.slots):
             s, p = others[-1]
             chances[s] = (p, 1.0)
@@ -646,7 +668,7 @@ class FleetAffinity:
         chain = prefix_chain(text, self.chunk_chars)
         for displaced in self._displaced(replica_id, chain, session, now):
             if displaced.at_once:
-                self._lose(displaced.session)
+                self._lose(displaced.session, set_aside=view.spills)
         cached = self._cached(view, chain, self.shared.matched(chain))
         work = Work(chain, len(chain) - cached + DECODE_CHUNKS, session, sent=now)
         key = request if request is not None else ("unnamed", self._routings)
@@ -656,16 +678,20 @@ class FleetAffinity:
             self.sessions.turn(session, replica_id, chain, now)
         if chain:
             view.hold(chain, self._pinned_tails(replica_id))
-            view.unreported.append(Unreported(chain, reported_as))
-            del view.unreported[: -view.slots]
+            view.unreported.append(Unreported(chain, reported_as, key))
+            del view.unreported[:-UNREPORTED_MOST]
             self.homes.claim(chain, replica_id)
 
-    def _lose(self, session: str) -> None:
-        """A request takes `session`'s pinned slot: its conversation leaves that replica."""
+    def _lose(self, session: str, set_aside: bool = False) -> None:
+        """A request takes `session`'s pinned slot: its conversation leaves that replica,
+        or, `set_aside`, leaves the slot for the engine's memory there (`spills`)."""
         place = self.sessions.get(session)
         if place is None:
             return
-        place.kept = False
+        if set_aside:
+            place.set_aside = True
+        else:
+            place.kept = False
         if place.chain:
             view = self.replica(place.replica)
             view.drop(place.chain)

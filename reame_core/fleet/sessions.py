@@ -89,16 +89,18 @@ class PackedChain(Sequence[bytes]):
 @dataclass(slots=True)
 class SessionPlace:
     """Where a session lives: its replica, its last turn's prompt, when that turn was
-    sent, its turns still in flight, whether its conversation is believed still in a slot
-    there (`kept`: no request has since taken that slot), when its last turn ended (None
-    while none has), and the longest it has waited between a turn ending and its next
-    (`longest_wait`, None before its second turn)."""
+    sent, its turns still in flight, whether its conversation is believed still there
+    (`kept`: no request has since taken its slot, or the engine kept it in memory when one
+    did: `set_aside`, its slot no longer pinned), when its last turn ended (None while none
+    has), and the longest it has waited between a turn ending and its next (`longest_wait`,
+    None before its second turn)."""
 
     replica: str
     chain: PackedChain
     last_turn: float
     turns_in_flight: int = 0
     kept: bool = True
+    set_aside: bool = False
     ended: float | None = None
     longest_wait: float | None = None
     served_here: int = 0  # turns completed on `replica` since the session came there
@@ -136,7 +138,7 @@ class SessionBook:
         elif place.turns_in_flight == 0 and place.ended is not None:
             waited = now - place.ended
             place.longest_wait = max(waited, place.longest_wait or 0.0)
-        place.chain, place.last_turn, place.kept = chain, now, True
+        place.chain, place.last_turn, place.kept, place.set_aside = chain, now, True, False
         place.turns_in_flight += 1
         self.places.move_to_end(session)
         mine = self._on.setdefault(replica, OrderedDict())
@@ -157,14 +159,15 @@ class SessionBook:
 
     def pinned(self, replica: str, slots: int) -> list[tuple[str, SessionPlace]]:
         """The sessions whose slots `replica` keeps pinned, most recent first: those still
-        kept there, as many as it pins (the engine unpins a session only for a newer one)."""
+        kept there in a slot, as many as it pins (the engine unpins a session only for a
+        newer one, or as it hands its slot to another request)."""
         most = pinnable(slots)
         found: list[tuple[str, SessionPlace]] = []
         for session in reversed(self._on.get(replica, {})):
             if len(found) >= most:
                 break
             place = self.places[session]
-            if place.kept:
+            if place.kept and not place.set_aside:
                 found.append((session, place))
         return found
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from reame_core.fleet.affinity import (
     CHUNK_CHARS,
     UNKNOWN_REQUEST_CHUNKS,
+    UNREPORTED_REPORTS,
     FleetAffinity,
     PrefixSet,
     ReplicaView,
@@ -316,15 +317,42 @@ def test_a_requests_prompt_stays_until_a_report_names_the_request_finished() -> 
     assert affinity.rank(["r1", "r2"], next_turn, "chat").reason != "session"
 
 
-def test_a_replica_keeps_as_unreported_only_as_many_prompts_as_it_has_slots() -> None:
-    affinity = fleet("r1", slots=2)
-    prompts = [f"prompt {n} " * 40 for n in range(3)]
-    for n, prompt in enumerate(prompts):
-        affinity.routed("r1", prompt, request=n, reported_as=f"f-{n}")
-        affinity.completed("r1", n)
+def test_a_sessions_prompt_outlives_requests_routed_after_it_until_reported() -> None:
+    # Under a backlog more requests are routed behind the session's turn than the replica
+    # has slots; a report taken while the turn ran still arrives after it completed.
+    affinity = fleet("r1", "r2", slots=2)
+    conversation = SYSTEM_A + "user: first question"
+    affinity.routed("r1", conversation, session="chat", request=1, reported_as="f-1")
+    for n in (2, 3, 4):
+        affinity.routed("r1", f"prompt {n} " * 40, request=n, reported_as=f"f-{n}")
+    affinity.completed("r1", 1)
     affinity.observe("r1", RoutingStats(slots=2, serial=2))
+    next_turn = conversation + "assistant: ok\nuser: more"
+    assert affinity.rank(["r1", "r2"], next_turn, "chat").reason == "session"
+
+
+def test_a_prompt_no_report_names_counts_only_a_few_reports_after_its_request_ended() -> None:
+    # Cancelled before the replica ran it: no report will name it.
+    affinity = fleet("r1", slots=2)
+    affinity.routed("r1", SYSTEM_A, request=1, reported_as="f-1")
     view = affinity.replica("r1")
-    assert [view.resident(prefix_chain(p)) > 0 for p in prompts] == [False, True, True]
+    for serial in range(2, 5):  # in flight: kept whatever the reports say
+        affinity.observe("r1", RoutingStats(slots=2, serial=serial))
+    assert len(view.unreported) == 1
+    affinity.completed("r1", 1)
+    kept = []
+    for serial in range(5, 6 + UNREPORTED_REPORTS):
+        affinity.observe("r1", RoutingStats(slots=2, serial=serial))
+        kept.append(view.resident(prefix_chain(SYSTEM_A)) > 0)
+    assert kept == [True] * UNREPORTED_REPORTS + [False]
+    assert view.unreported == []
+
+
+def test_a_report_older_than_one_seen_is_ignored() -> None:
+    affinity = fleet("r1", slots=2)
+    affinity.observe("r1", RoutingStats(slots=2, serial=5, resident=[prefix_chain(SYSTEM_A)]))
+    affinity.observe("r1", RoutingStats(slots=2, serial=4))  # taken earlier, arrived late
+    assert affinity.replica("r1").resident(prefix_chain(SYSTEM_A)) > 0
 
 
 def test_a_replica_holds_only_as_many_prompts_as_it_has_slots() -> None:
@@ -557,22 +585,30 @@ def test_taking_a_slot_whose_conversation_the_engine_keeps_costs_the_session_not
     conversation = SYSTEM_A + "user: " + "a long message of the session " * 60
     affinity.routed("r1", conversation, session="chat", request="turn 1")
     affinity.completed("r1", "turn 1")
-    affinity.routed("r1", "q" * 300, request="x")  # r1's other slot is busy
-    affinity.routed("r2", "p" * 800, request="y")
-    prompt = "Hello there. " * 30
-    costs = affinity.rank(["r1", "r2"], prompt).costs
-    assert (
-        costs["r1"] == len(prefix_chain("q" * 300)) + len(prefix_chain(prompt)) + 2
-    )  # no recompute
+    prompt = SYSTEM_B + "user: hello"
+
+    def extra(session: str | None = None) -> float:  # r1's cost beyond a one-shot's
+        with_session = affinity.rank(["r1", "r2"], prompt, session=session).costs["r1"]
+        return with_session - affinity.rank(["r1", "r2"], prompt).costs["r1"]
+
+    # With r1's other slot free, a new session's turn would unpin "chat" once done, and an
+    # unpinned slot is taken without a copy: that costs the conversation.
+    assert extra("new") > 0
+    affinity.routed("r1", "q" * 300, request="x")  # now r1's other slot is busy
+    assert extra("new") == 0  # it would take the pinned slot at once: a copy is kept
     affinity.routed("r1", prompt, request="takes the pinned slot")
     next_turn = conversation + "assistant: ok\nuser: more"
     assert affinity.rank(["r1", "r2"], next_turn, "chat").ranked[0] == "r1"
     assert affinity.rank(["r1", "r2"], next_turn, "chat").reason == "session"
-    # A new session's turn still unpins it, once done: that one costs it its place.
-    first_turn = affinity.rank(["r1", "r2"], SYSTEM_B + "user: hello", session="new")
-    assert (
-        first_turn.costs["r1"] > affinity.rank(["r1", "r2"], SYSTEM_B + "user: hello").costs["r1"]
+    # Its slot no longer pinned, a new session's turn unpins nothing.
+    affinity.completed("r1", "x")
+    assert extra("new") == 0
+    assert affinity.replica("r1").resident(prefix_chain(conversation)) == 0  # not in a slot
+    # Until the engine says its memory dropped it.
+    affinity.observe(
+        "r1", RoutingStats(slots=2, serial=3, spills=True, sessions={"chat": (1, False)})
     )
+    assert affinity.rank(["r1", "r2"], next_turn, "chat").reason != "session"
 
 
 def test_a_new_session_goes_where_it_unpins_no_live_conversation() -> None:
