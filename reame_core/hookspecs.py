@@ -267,19 +267,18 @@ def reame_draft_cost() -> DraftCost | None:
     """What a call to this plugin's ``reame_propose_drafts`` costs, if the plugin knows before
     its first call (a draft model times a few of its own decodes).
 
-    Called on the engine thread before its first step, and again whenever the source has
-    not been called for 4,096 steps since (`engine.governor.RETIME_AFTER`), as a rule
-    because the figure priced it out:
-    time your decodes there, anew each time (a second thread decoding leaves idle OpenMP
-    workers spinning beside the engine's; a figure taken beside a busy neighbour may no
-    longer hold). The governor prices the source with it from the first step instead of
-    calling it once to find out: a source whose drafts could not pay on this host even if
-    every one came true is then never asked, and never made to read a prompt only to show
-    that. Its timed calls replace the figure as they come: the first is taken as a warm-up,
-    and three more settle the price (one slow call on a shared host does not condemn the
-    source; until then it is asked again, for one request); a price from calls long past is
-    settled anew. A source that returns nothing is called early in the first request, to
-    learn its cost.
+    Called on the engine thread before its first step, and again whenever the source has not
+    been called for 4,096 steps since (`engine.governor.RETIME_AFTER`), as a rule because
+    the figure priced it out: time your decodes there, anew each time (a second thread
+    decoding leaves idle OpenMP workers spinning beside the engine's; a figure taken beside
+    a busy neighbour may no longer hold). The governor prices the source with it from the
+    first step instead of calling it once to find out: a source whose drafts could not pay
+    on this host even if every one came true is then never asked, and never made to read a
+    prompt only to show that. Its timed calls replace the figure as they come: the first is
+    taken as a warm-up, and three more settle the price (one slow call on a shared host does
+    not condemn the source; until then it is asked again, for one request); a price from
+    calls long past is settled anew. A source that returns nothing is called early in the
+    first request, to learn its cost.
     """
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -67,7 +67,7 @@ class ServedPrefixes:
         self._recent_stored: OrderedDict[bytes, list[bytes]] = OrderedDict()
         # session -> turns served here, its last prompt's tail; the most recent last
         self._turns: OrderedDict[str, tuple[int, bytes]] = OrderedDict()
-        self._finished: OrderedDict[str, None] = OrderedDict()
+        self._finished: deque[str] = deque(maxlen=REPORTED_FINISHED)
         self._reported_sessions = max(REPORTED_SESSIONS, pinnable(slots))
         self._serial = 0
         self._lock = threading.Lock()
@@ -99,9 +99,7 @@ class ServedPrefixes:
         """A request ended here, served or not (after `served`, if it was): reports taken
         from now on account for it."""
         with self._lock:
-            self._finished[request_id] = None
-            while len(self._finished) > REPORTED_FINISHED:
-                self._finished.popitem(last=False)
+            self._finished.append(request_id)
 
     def _pinned_tails(self) -> set[bytes]:
         """The last prompts of the sessions the engine keeps pinned: its most recent."""

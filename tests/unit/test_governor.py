@@ -492,7 +492,7 @@ class BusyAtStart(Mirroring):
     @hookimpl
     def reame_draft_cost(self) -> DraftCost:
         self.priced += 1
-        cost = DraftCost(self.read_s + 4 * self.draft_s, drafted=4, caught_up=1)
+        cost = super().reame_draft_cost()
         return cost if self.priced > 1 else dataclasses.replace(cost, seconds=50 * cost.seconds)
 
 
