@@ -200,10 +200,17 @@ class KVSlots:
         return slot
 
     def conversations(self) -> set[str]:
+        """The sessions whose conversation the engine holds (`holdings`, both kinds)."""
+        in_slots, kept_aside = self.holdings()
+        return in_slots | kept_aside
+
+    def holdings(self) -> tuple[set[str], frozenset[str]]:
         """The sessions whose conversation some slot's KV holds, in a slot running its turn
-        or kept since (pinned or not). Read from any thread: a moment's picture."""
-        held = {s.conversation for s in list(self.slots) if s.conversation is not None}
-        return held | self._spilled_sessions
+        or kept since (pinned or not); and those whose conversation was copied out of the
+        slot another request took (`_spill`), kept in memory. Read from any thread: a
+        moment's picture (slots first: a session spilled meanwhile is in one or the other)."""
+        in_slots = {s.conversation for s in list(self.slots) if s.conversation is not None}
+        return in_slots, self._spilled_sessions
 
     def restore_spilled(
         self, slot: Slot, session: str | None, prompt: Sequence[int], limit: int

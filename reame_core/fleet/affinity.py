@@ -177,13 +177,16 @@ class RoutingStats:
     stored: list[bytes] = field(default_factory=list)  # chunks it wrote to the shared disk
     shared_cache: bool = False  # whether it reads and writes the fleet's disk cache
     serial: int = 0  # increases with every report
-    # Recent sessions: turns it served of each, and whether its slots still hold it.
+    # Recent sessions: turns it served of each, and whether its engine still holds the
+    # conversation (in a slot, or `aside`).
     sessions: dict[str, tuple[int, bool]] = field(default_factory=dict)
     # The requests it finished most recently (`ForwardedRequest.id`), whatever their status.
     finished: list[str] = field(default_factory=list)
     # Whether its engine keeps a pinned conversation whose slot another request takes in
     # memory, for the session's next turn there (engine/slots.py, `spill_bytes`).
     spills: bool = False
+    # Sessions among `sessions` whose conversation it keeps in memory, out of any slot.
+    aside: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -196,6 +199,7 @@ class RoutingStats:
             "serial": self.serial,
             "finished": list(self.finished),
             "spills": self.spills,
+            "aside": list(self.aside),
             "sessions": {s: [turns, held] for s, (turns, held) in self.sessions.items()},
         }
 
@@ -211,6 +215,7 @@ class RoutingStats:
             serial=int(data.get("serial", 0)),
             finished=[str(r) for r in data.get("finished", ())],
             spills=bool(data.get("spills", False)),
+            aside=[str(s) for s in data.get("aside", ())],
             sessions={
                 str(s): (int(turns), bool(held))
                 for s, (turns, held) in dict(data.get("sessions", {})).items()
@@ -446,8 +451,9 @@ class FleetAffinity:
             return
         view.serial = stats.serial
         view.slots, view.shared_cache, view.spills = stats.slots, stats.shared_cache, stats.spills
+        aside = set(stats.aside)
         for session, (turns, held) in stats.sessions.items():
-            self._engine_says(replica_id, session, turns, held)
+            self._engine_says(replica_id, session, turns, held, session in aside)
         view.held = []
         pinned = self._pinned_tails(replica_id)
         finished = set(stats.finished)
@@ -468,20 +474,28 @@ class FleetAffinity:
         if stats.shared_cache:
             self.shared.add(stats.stored)
 
-    def _engine_says(self, replica_id: str, session: str, turns: int, held: bool) -> None:
-        """A replica's engine holds `session`'s conversation in a slot or not, after
-        serving `turns` turns of it. Believed only of a session living there with no turn
-        in flight, once the router has seen as many of its turns complete there: a report
-        taken before its last turn ended says nothing of that turn's slot."""
+    def _engine_says(
+        self, replica_id: str, session: str, turns: int, held: bool, aside: bool = False
+    ) -> None:
+        """A replica's engine holds `session`'s conversation or not, after serving `turns`
+        turns of it: in a slot, or (`aside`) in memory since another request took its
+        slot. Believed only of a session living there with no turn in flight, once the
+        router has seen as many of its turns complete there: a report taken before its
+        last turn ended says nothing of that turn's slot."""
         place = self.sessions.get(session)
         if place is None or place.replica != replica_id or place.turns_in_flight:
             return
-        if place.served_here != turns or place.kept == held:
+        if place.served_here != turns:
             return
-        if held:
-            place.kept = True
-        else:
-            self._lose(session)
+        if not held:
+            if place.kept:
+                self._lose(session)
+            return
+        if aside and not (place.kept and place.set_aside):
+            self._lose(session, set_aside=True)
+        # Held in a slot does not undo a set-aside the router foresaw: the report may
+        # predate the request that took the slot.
+        place.kept = True
 
     def set_queue(self, replica_id: str, queued_and_running: int) -> None:
         """A fresher count of a replica's requests (Serve's queue-length cache, which
@@ -683,8 +697,8 @@ class FleetAffinity:
             self.homes.claim(chain, replica_id)
 
     def _lose(self, session: str, set_aside: bool = False) -> None:
-        """A request takes `session`'s pinned slot: its conversation leaves that replica,
-        or, `set_aside`, leaves the slot for the engine's memory there (`spills`)."""
+        """A request took `session`'s pinned slot: its conversation left that replica,
+        or, `set_aside`, left the slot for the engine's memory there (`spills`)."""
         place = self.sessions.get(session)
         if place is None:
             return

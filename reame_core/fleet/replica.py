@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from typing import Any
 
 import structlog
@@ -112,23 +112,28 @@ class ServedPrefixes:
         running: int,
         conversations: set[str] | None = None,
         spills: bool = False,
+        aside: Collection[str] = (),
     ) -> RoutingStats:
-        """What the routers need; `conversations`, the sessions whose conversation the
-        engine's slots hold now, or keep in memory since their slot was taken (None:
-        unknown), corrects the record: a session not among them lost its slot to another
-        request. `spills`: the engine keeps such conversations (engine/slots.py)."""
+        """What the routers need. `conversations` (None: unknown), the sessions whose
+        conversation the engine holds now, corrects the record: a session not among them
+        lost its slot to another request. `aside`: those among them the engine keeps in
+        memory since another request took their slot, in no slot (`spills`: the engine
+        keeps such conversations, engine/slots.py)."""
         with self._lock:
             self._serial += 1
             resident = list(self._resident.values())
             sessions: dict[str, tuple[int, bool]] = {}
+            set_aside: list[str] = []
             if conversations is not None:
-                lost = set()
+                out_of_slots = set()
                 for session, (turns, tail) in self._turns.items():
                     held = session in conversations
                     sessions[session] = (turns, held)
-                    if not held:
-                        lost.add(tail)
-                resident = [chain for chain in resident if chain[-1] not in lost]
+                    if held and session in aside:
+                        set_aside.append(session)
+                    if not held or session in aside:
+                        out_of_slots.add(tail)
+                resident = [chain for chain in resident if chain[-1] not in out_of_slots]
             return RoutingStats(
                 queued=queued,
                 running=running,
@@ -140,6 +145,7 @@ class ServedPrefixes:
                 serial=self._serial,
                 finished=list(self._finished),
                 spills=spills,
+                aside=set_aside,
             )
 
 
@@ -214,8 +220,13 @@ class ReameReplica:
         if runtime is None:
             return self.prefixes.report(in_flight - running, running).as_dict()
         slots = runtime.engine.slots
+        in_slots, aside = slots.holdings()
         return self.prefixes.report(
-            in_flight - running, running, slots.conversations(), spills=slots.spill_bytes > 0
+            in_flight - running,
+            running,
+            in_slots | aside,
+            spills=slots.spill_bytes > 0,
+            aside=aside,
         ).as_dict()
 
     def check_health(self) -> None:

@@ -10,7 +10,8 @@ must be computed again). A 2-slot replica so keeps one conversation. The router 
 this to price it: a new session sent where all the pins are taken costs the oldest
 pinned conversation its recompute (its turn, once done, unpins it, and an unpinned slot is
 taken without a copy), and so, on a replica that does not spill, does a request that would
-take an idle live session's slot.
+take an idle live session's slot. A replica's reports name the conversations its engine
+has set aside, so the router's picture follows a slot taken where it did not expect it.
 
 A session is live while a turn of it is in flight, or while it is likely to come back:
 judged by its own rhythm once it has one (the longest wait between one of its turns ending

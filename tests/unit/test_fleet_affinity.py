@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -765,6 +766,68 @@ def test_a_replica_reports_its_sessions_as_its_engine_holds_them() -> None:
     assert report.sessions == {"kept": (2, True), "lost": (1, False)}
     assert report.resident == [prefix_chain(kept + "user: and then")]
     assert served.report(0, 0).sessions == {}  # an engine that does not say
+
+
+def test_a_replica_reports_a_conversation_set_aside_as_held_but_in_no_slot() -> None:
+    served = ServedPrefixes(slots=2, shared_cache=False)
+    aside, in_slot = SYSTEM_A + "user: first question", SYSTEM_B + "user: hello"
+    served.served(aside, session="aside")
+    served.served(in_slot, session="in slot")
+    report = served.report(
+        0, 0, conversations={"aside", "in slot"}, spills=True, aside=frozenset({"aside"})
+    )
+    assert report.sessions == {"aside": (1, True), "in slot": (1, True)}
+    assert report.aside == ["aside"]
+    assert report.resident == [prefix_chain(in_slot)]
+    assert RoutingStats.from_dict(report.as_dict()) == report
+
+
+def test_a_session_the_engine_set_aside_unpins_its_slot_in_the_routers_picture() -> None:
+    # Another router's request (or one the router priced otherwise) took the pinned slot.
+    affinity = fleet("r1", "r2", slots=2)
+    affinity.observe("r1", RoutingStats(slots=2, serial=2, spills=True))
+    conversation = SYSTEM_A + "user: " + "a long message of the session " * 60
+    affinity.routed("r1", conversation, session="chat", request=1, reported_as="f-1")
+    affinity.completed("r1", 1)
+    prompt = SYSTEM_B + "user: hello"
+
+    def extra() -> float:  # what a new session's turn on r1 costs beyond a one-shot's
+        with_session = affinity.rank(["r1", "r2"], prompt, session="new").costs["r1"]
+        return with_session - affinity.rank(["r1", "r2"], prompt).costs["r1"]
+
+    assert extra() > 0  # it would unpin "chat" once done
+    # A report taken as its turn ended, before the replica named the request finished.
+    aside = RoutingStats(
+        slots=2, serial=3, spills=True, sessions={"chat": (1, True)}, aside=["chat"]
+    )
+    affinity.observe("r1", aside)
+    assert extra() == 0
+    assert affinity.replica("r1").resident(prefix_chain(conversation)) == 0
+    next_turn = conversation + "assistant: ok\nuser: more"
+    assert affinity.rank(["r1", "r2"], next_turn, "chat").reason == "session"
+    # Its next turn takes a slot again; a report of before that turn ended says nothing.
+    affinity.routed("r1", next_turn, session="chat", request=2)
+    affinity.observe("r1", dataclasses.replace(aside, serial=4))
+    assert extra() > 0
+    affinity.completed("r1", 2)
+    affinity.observe("r1", dataclasses.replace(aside, serial=5))  # the turn before's word
+    assert extra() > 0
+
+
+def test_a_session_given_up_for_lost_that_the_engine_set_aside_is_routed_to_it() -> None:
+    affinity = fleet("r1", "r2", slots=2)
+    conversation = SYSTEM_A + "user: first question"
+    affinity.routed("r1", conversation, session="chat", request=1, reported_as="f-1")
+    affinity.completed("r1", 1)
+    affinity.observe("r1", RoutingStats(slots=2, serial=2, sessions={"chat": (1, False)}))
+    next_turn = conversation + "assistant: ok\nuser: more"
+    assert affinity.rank(["r1", "r2"], next_turn, "chat").reason != "session"
+    affinity.observe(
+        "r1",
+        RoutingStats(slots=2, serial=3, spills=True, sessions={"chat": (1, True)}, aside=["chat"]),
+    )
+    assert affinity.rank(["r1", "r2"], next_turn, "chat").ranked[0] == "r1"
+    assert affinity.rank(["r1", "r2"], next_turn, "chat").reason == "session"
 
 
 def test_a_session_whose_slot_the_engine_gave_away_is_routed_by_cost() -> None:

@@ -199,11 +199,12 @@ def test_conversations_kept_aside_stay_within_their_memory_and_drop_the_oldest()
         slots.release(slot, session)
     slots.release(slots.acquire())  # takes "b"'s slot: "b" kept, "a" (kept before) dropped
 
-    assert slots.conversations() == {"b"}
+    assert slots.holdings() == (set(), {"b"})
     slot = slots.acquire(session="a")
     slots.truncate(slot, 0)
     assert not slots.restore_spilled(slot, "a", [1, 2, 3, 4, 5], limit=4)
     assert slots.restore_spilled(slot, "b", [5, 6, 7, 8, 9], limit=4)
+    assert slots.holdings() == ({"a"}, set())
 
 
 def test_released_slot_keeps_its_kv_resident(backend: FakeBackend, slots: KVSlots) -> None:
