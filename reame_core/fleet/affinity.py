@@ -5,7 +5,10 @@ are compared through `prefix_chain`: one chained hash per `CHUNK_CHARS` characte
 prompt's routing text, the i-th hash covering every character up to the end of chunk i.
 Two prompts share chunk hashes up to the depth where their texts part, so "the longest
 cached prefix" is the deepest chunk hash a replica holds — a walk down the request's own
-chain, a few set lookups, whatever the size of the fleet.
+chain, a few set lookups, whatever the size of the fleet. A chat's first turn shorter than
+a chunk — a short system prompt, or the model template's default one, which a chat opening
+with the user's message gets and its routing text does not show — is padded to a chunk
+(`turn_aligned`): chats opening alike share those tokens, and so a chunk.
 
 What the router knows of each replica (`ReplicaView`):
 - the prompts its slots hold (`held`, as many as it has slots, most recent last): learned
@@ -53,6 +56,9 @@ CHUNK_CHARS = 128
 # A prefix on the shared disk is worth this much of a resident one: restoring 600 tokens of
 # SmolLM2 takes 0.04-0.10 s against 2 s to compute them (docs/BENCHMARKS.md).
 DISK_WEIGHT = 0.9
+# Fills a chat's short first turn up to a chunk (`turn_aligned`): a character chats do not
+# use (one that does only shares a chunk by chance: a routing hint, never a cache key).
+TURN_PAD = "\0"
 # Sending a prefix home is worth this much of holding it: not a chunk saved now (the home
 # may have evicted it too), but its later requests find it there instead of on every replica.
 HOME_WEIGHT = 0.5
@@ -68,6 +74,19 @@ UNREPORTED_REPORTS = 3
 # Most routed prompts a replica's view keeps until reports account for them.
 UNREPORTED_MOST = 64
 HASH_BYTES = 8
+
+
+def turn_aligned(text: str, first_turn: int | None, chunk_chars: int = CHUNK_CHARS) -> str:
+    """A chat's routing text with its first turn, if shorter than a chunk, padded to one
+    (`TURN_PAD`): chats opening with the same short system prompt, or all those opening
+    with the template's default one (`first_turn` 0: the chat opens with the user's
+    message, and the model's template puts its own system turn first), then share a
+    chunk, as their prompts share those tokens (SmolLM2's default system turn is about 20
+    tokens; a chunk counts for about 30). Not a chat (None), or a first turn of a chunk or
+    more: `text` as it is."""
+    if first_turn is None or first_turn >= chunk_chars:
+        return text
+    return text[:first_turn] + TURN_PAD * (chunk_chars - first_turn) + text[first_turn:]
 
 
 def prefix_chain(text: str, chunk_chars: int = CHUNK_CHARS) -> list[bytes]:

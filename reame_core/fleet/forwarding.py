@@ -7,6 +7,7 @@ fleet as is. The reply comes back as a `ReplyStart` followed by body chunks.
 
 `ForwardedRequest.prompt` is the text routers compare; a router that reads a request's
 `prompt` attribute (Ray Serve LLM's `PrefixCacheAffinityRouter`) works on it unchanged.
+Reame's own reads it with a chat's first turn aligned to its chunks (`routed_text`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from reame_core.fleet.affinity import turn_aligned
 
 ASGIApp = Callable[..., Coroutine[Any, Any, None]]  # (scope, receive, send)
 
@@ -34,16 +37,25 @@ class ForwardedRequest:
     body: bytes = b""
     prompt: str = ""  # routing text: never empty, so routers may divide by its length
     session: str | None = None
-    # How much of `prompt` the disk prefix cache keeps: a chat's first turn (its system
-    # prompt, usually), a completion's whole prompt.
+    # How much of `prompt` the disk prefix cache keeps: a chat's first turn if it is a
+    # system prompt (a chat opening with another role opens with its template's default
+    # system turn, too short to keep), a completion's whole prompt.
     stored_chars: int = 0
     # Names the request in its replica's reports (`RoutingStats.finished`).
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # A chat's first turn in `prompt`'s characters: its system message's, 0 where the chat
+    # opens with another role (see `stored_chars`); None for a completion.
+    first_turn: int | None = None
 
     @property
     def routable(self) -> bool:
         """Whether caches matter for where it goes (a completion, not /health)."""
         return self.path in ROUTED_PATHS
+
+    @property
+    def routed_text(self) -> str:
+        """`prompt` as Reame's router and replicas chain it (`affinity.turn_aligned`)."""
+        return turn_aligned(self.prompt, self.first_turn)
 
 
 @dataclass(frozen=True)
@@ -62,13 +74,18 @@ def forwarded(
     """The request as the ingress forwards it, with its routing text and session."""
     header = SESSION_HEADER.encode()
     session = next((v.decode("latin-1") for k, v in headers if k.lower() == header), None)
-    prompt, stored = path, 0
-    if path in ROUTED_PATHS:
-        routed = routing_text(body)
-        prompt = routed.text or path
-        stored = routed.stored_chars
-        session = session or routed.session
-    return ForwardedRequest(method, path, query, tuple(headers), body, prompt, session, stored)
+    routed = routing_text(body) if path in ROUTED_PATHS else RoutingText()
+    return ForwardedRequest(
+        method,
+        path,
+        query,
+        tuple(headers),
+        body,
+        prompt=routed.text or path,
+        session=session or routed.session,
+        stored_chars=routed.stored_chars,
+        first_turn=routed.first_turn if routed.text else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -76,11 +93,13 @@ class RoutingText:
     text: str = ""
     session: str | None = None
     stored_chars: int = 0
+    first_turn: int | None = None  # as `ForwardedRequest.first_turn`
 
 
 def routing_text(body: bytes) -> RoutingText:
     """The text that decides where a completion goes — the messages (role and content) or
-    the prompt, in order — and its `session_id`. A body that does not parse gives no text:
+    the prompt, in order — its `session_id`, and how much of it the disk prefix cache keeps
+    and a chat's first turn (`ForwardedRequest`). A body that does not parse gives no text:
     the replica will refuse it with the API's own error."""
     try:
         data = json.loads(body)
@@ -91,12 +110,14 @@ def routing_text(body: bytes) -> RoutingText:
     session = data.get("session_id")
     session = session if isinstance(session, str) else None
     if isinstance(data.get("messages"), list):
+        messages = [message for message in data["messages"] if isinstance(message, dict)]
         parts = [
             f"{message.get('role', '')}\n{_content_text(message.get('content'))}\n"
-            for message in data["messages"]
-            if isinstance(message, dict)
+            for message in messages
         ]
-        return RoutingText("".join(parts), session, len(parts[0]) if parts else 0)
+        system = bool(messages) and messages[0].get("role") == "system"
+        first = len(parts[0]) if system else 0
+        return RoutingText("".join(parts), session, first, first)
     prompt = data.get("prompt")
     if isinstance(prompt, list):
         prompt = prompt[0] if prompt else ""

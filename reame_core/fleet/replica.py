@@ -207,7 +207,7 @@ class ReameReplica:
                     part = ReplyStart(part.status, (*part.headers, tag))
                 yield part
             if request.routable and status == 200:
-                self.prefixes.served(request.prompt, request.stored_chars, request.session)
+                self.prefixes.served(request.routed_text, request.stored_chars, request.session)
         finally:
             if request.routable:
                 self.prefixes.finished(request.id)

@@ -80,7 +80,7 @@ class ReameRequestRouter(RequestRouter):
         if request is None or not request.routable:
             # /health, /metrics, /v1/models: any replica, each in turn.
             return [[by_id[r]] for r in affinity.least_recently_routed(list(by_id))]
-        choice = affinity.rank(list(by_id), request.prompt, request.session)
+        choice = affinity.rank(list(by_id), request.routed_text, request.session)
         return [[by_id[replica_id]] for replica_id in choice.ranked]
 
     def on_request_routed(
@@ -95,7 +95,7 @@ class ReameRequestRouter(RequestRouter):
         key = getattr(pending_request.metadata, "internal_request_id", None)
         if request.routable:
             self._state().routed(
-                replica_id.unique_id, request.prompt, request.session, key, request.id
+                replica_id.unique_id, request.routed_text, request.session, key, request.id
             )
         else:
             self._state().routed(replica_id.unique_id, "", request=key)

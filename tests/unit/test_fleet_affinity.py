@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from reame_core.fleet.affinity import (
     CHUNK_CHARS,
+    TURN_PAD,
     UNKNOWN_REQUEST_CHUNKS,
     UNREPORTED_REPORTS,
     FleetAffinity,
@@ -21,6 +22,7 @@ from reame_core.fleet.affinity import (
     matched_chunks,
     prefix_chain,
     shared_chunks,
+    turn_aligned,
 )
 from reame_core.fleet.backlog import Backlog, Work
 from reame_core.fleet.forwarding import forwarded, routing_text
@@ -507,10 +509,55 @@ def test_routing_text_reads_messages_in_order_with_their_roles() -> None:
     ).encode()
     routed = routing_text(body)
     assert (routed.text, routed.session) == ("system\nS\nuser\nU\n", "abc")
-    assert routed.stored_chars == len("system\nS\n")  # the first turn
+    assert routed.stored_chars == routed.first_turn == len("system\nS\n")  # the first turn
+    # Opening with the user, a chat opens with the template's default system turn.
+    routed = routing_text(json.dumps({"messages": [{"role": "user", "content": "U"}]}).encode())
+    assert (routed.text, routed.stored_chars, routed.first_turn) == ("user\nU\n", 0, 0)
     routed = routing_text(b'{"prompt": ["first", "second"]}')
     assert (routed.text, routed.session, routed.stored_chars) == ("first", None, 5)
+    assert routed.first_turn is None
     assert routing_text(b"not json").text == ""
+
+
+def chat_text(*messages: tuple[str, str]) -> str:
+    """A chat's routing text as Reame's router reads it."""
+    body = json.dumps({"messages": [{"role": r, "content": c} for r, c in messages]})
+    return forwarded("POST", "/v1/chat/completions", b"", [], body.encode()).routed_text
+
+
+def test_chats_share_a_chunk_for_a_short_first_turn_they_share() -> None:
+    friendly = ("system", "You are a friendly assistant.")
+    first, second = ("user", "Bake bread? " * 20), ("user", "Grow lettuce? " * 20)
+    [a, *_], [b, *_] = (
+        prefix_chain(chat_text(friendly, first)),
+        prefix_chain(chat_text(friendly, second)),
+    )
+    assert a == b
+    [a, *_], [b, *_] = prefix_chain(chat_text(first)), prefix_chain(chat_text(second))
+    assert a == b  # the template's default system turn
+    assert prefix_chain(chat_text(friendly, first))[0] != a
+    # A first turn of a chunk or more, and a completion, are chained as they are.
+    long_system = ("system", SYSTEM_A)
+    assert chat_text(long_system, first) == f"system\n{SYSTEM_A}\nuser\n{first[1]}\n"
+    body = json.dumps({"prompt": "Once upon a time"}).encode()
+    assert forwarded("POST", "/v1/completions", b"", [], body).routed_text == "Once upon a time"
+    assert turn_aligned("system\nS\nuser\nU\n", 9, chunk_chars=16) == (
+        "system\nS\n" + TURN_PAD * 7 + "user\nU\n"
+    )
+
+
+def test_a_chat_opening_with_the_user_goes_where_another_such_chat_is_held() -> None:
+    affinity = fleet("r1", "r2", slots=2)
+    rewrite = chat_text(("user", "Fix the spelling in this email. " * 8))
+    affinity.routed("r1", chat_text(("system", SYSTEM_A), ("user", "the invoice")), request=1)
+    affinity.routed("r2", rewrite, request=2)
+    affinity.completed("r1", 1)
+    affinity.completed("r2", 2)
+    settle(affinity)
+    another = chat_text(("user", "Add type hints to this function. " * 8))
+    choice = affinity.rank(["r1", "r2"], another)
+    assert choice.ranked[0] == "r2" and choice.reason == "prefix"
+    assert choice.reused_chars == CHUNK_CHARS
 
 
 def test_forwarded_takes_the_session_header_before_the_body_field() -> None:

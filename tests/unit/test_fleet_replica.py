@@ -127,7 +127,7 @@ def test_a_report_names_the_requests_finished_before_it_served_or_not(
     asyncio.run(run(refused))
     after = replica.record_routing_stats()
     assert before["finished"] == [] and after["finished"] == [served.id, refused.id]
-    assert after["resident"] == [[h.hex() for h in prefix_chain(served.prompt)]]
+    assert after["resident"] == [[h.hex() for h in prefix_chain(served.routed_text)]]
 
 
 def test_a_report_names_only_the_most_recent_requests_finished() -> None:
@@ -182,7 +182,7 @@ def test_a_replica_reports_as_stored_what_its_disk_cache_keeps(
 
 def forwarded_text(messages: list[dict[str, str]]) -> str:
     body = json.dumps({"messages": messages}).encode()
-    return forwarded("POST", "/v1/chat/completions", b"", [], body).prompt
+    return forwarded("POST", "/v1/chat/completions", b"", [], body).routed_text
 
 
 def test_closing_the_reply_early_tells_the_application_the_client_left(
