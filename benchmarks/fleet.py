@@ -189,7 +189,7 @@ def drive(url: str, jobs: list[Job], clients: int) -> list[Result]:
 def replay_trace(url: str, requests: int, max_tokens: int, pace: float) -> list[Result]:
     """The realistic trace (`reame_core.bench.trace`: extractions behind one long shared
     prompt, chat sessions, rewrites, the night's reruns) replayed on its clock stretched
-    by `pace`, each request's outcome as a `Result` (its replica is not recorded)."""
+    by `pace`, each request's outcome as a `Result`."""
     from reame_core.bench.against import Server
     from reame_core.bench.replay import replay
     from reame_core.bench.trace import trace_for
@@ -210,7 +210,7 @@ def replay_trace(url: str, requests: int, max_tokens: int, pace: float) -> list[
                 ttft=outcome.ttft,
                 prompt_tokens=int(outcome.usage.get("prompt_tokens", 0)),
                 cached_tokens=int(details.get("cached_tokens", 0)),
-                replica="",
+                replica=outcome.replica,
                 ok=outcome.error is None and outcome.ttft > 0 and bool(outcome.usage),
                 session=session,
                 turn=turn,

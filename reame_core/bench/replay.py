@@ -25,6 +25,7 @@ from reame_core.bench.runner import Measure
 from reame_core.bench.trace import BENCH_PACE, Count, Request, check, summary, trace_for
 from reame_core.bench.trial import Sample
 from reame_core.bench.workloads import Arm, Workload
+from reame_core.fleet.forwarding import REPLICA_HEADER
 
 SESSION_HEADER = "X-Session-ID"
 
@@ -44,6 +45,7 @@ class Outcome:
     timings: dict[str, Any] = field(default_factory=dict)  # the server's own, if it sends them
     valid: bool | None = None  # structured answers only (`trace.check`)
     error: str | None = None
+    replica: str = ""  # a fleet's replica that answered (`X-Reame-Replica`), if named
 
 
 def send(server: Server, request: Request, messages: Sequence[Any], started: float) -> Outcome:
@@ -62,6 +64,7 @@ def send(server: Server, request: Request, messages: Sequence[Any], started: flo
             "POST", f"{server.prefix}/v1/chat/completions", json.dumps(body), headers
         )
         response = connection.getresponse()
+        outcome.replica = response.getheader(REPLICA_HEADER) or ""
         if response.status == 200:
             _read(response, outcome, started)
         else:

@@ -20,8 +20,9 @@ from typing import Any
 class StubOpenAI:
     """`model`: the id /v1/models lists (None: that route answers 404). `usage`: send the
     final usage chunk when asked for it. `delay_s`: pause before each chunk. `answer`: a
-    chat completion's text for its request body. Every request body received is kept in
-    `bodies`, with its headers in `headers` and the moment it arrived in `arrivals`."""
+    chat completion's text for its request body. `reply_headers`: sent with every answer.
+    Every request body received is kept in `bodies`, with its headers in `headers` and the
+    moment it arrived in `arrivals`."""
 
     def __init__(
         self,
@@ -30,8 +31,10 @@ class StubOpenAI:
         usage: bool = True,
         delay_s: float = 0.001,
         answer: Callable[[dict[str, Any]], str] | None = None,
+        reply_headers: dict[str, str] | None = None,
     ) -> None:
         self.model = model
+        self.reply_headers = reply_headers or {}
         self.usage = usage
         self.delay_s = delay_s
         self.answer = answer
@@ -66,6 +69,8 @@ class StubOpenAI:
                     stub.arrivals.append(time.perf_counter())
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
+                for name, value in stub.reply_headers.items():
+                    self.send_header(name, value)
                 self.end_headers()
                 if self.path == "/v1/chat/completions":
                     self._chat(body)

@@ -167,6 +167,16 @@ def test_the_replay_sends_each_request_once_and_the_night_after_the_day() -> Non
     assert all(o.sent >= day_done for o in outcomes if o.kind == "rerun")
 
 
+def test_the_replay_names_a_fleets_replica_that_answered() -> None:
+    part = trace_for(3, 8)
+    with StubOpenAI(answer=stub_answer).serving() as url:
+        assert {o.replica for o in replay(Server(normalized(url)), part, pace=0.0)} == {""}
+    stub = StubOpenAI(answer=stub_answer, reply_headers={"X-Reame-Replica": "replica-a"})
+    with stub.serving() as url:
+        outcomes = replay(Server(normalized(url)), part, pace=0.0)
+    assert {o.replica for o in outcomes} == {"replica-a"}
+
+
 def test_a_chat_turn_carries_the_conversation_so_far_and_its_session() -> None:
     turns = [r for r in TRACE if r["kind"] == "chat"][:3]
     stub = StubOpenAI(answer=lambda body: f"answer {len(body['messages'])}")
