@@ -2,5 +2,6 @@
 a request router that keeps every replica's caches hot (`affinity`), and the shared disk
 prefix cache and Palimpsest archive in one directory every replica reads and writes.
 
-Only `affinity` is importable without Ray (`pip install 'reame[ray]'`).
+`affinity`, `forwarding` and the modules they use import without Ray (`pip install
+'reame[ray]'` for the rest).
 """

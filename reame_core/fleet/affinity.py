@@ -56,6 +56,9 @@ CHUNK_CHARS = 128
 # A prefix on the shared disk is worth this much of a resident one: restoring 600 tokens of
 # SmolLM2 takes 0.04-0.10 s against 2 s to compute them (docs/BENCHMARKS.md).
 DISK_WEIGHT = 0.9
+# The disk prefix cache restores no prefix shorter than its `min_tokens` (128 by default,
+# reame_diskkv): about four chunks of text. A shallower match on disk counts for nothing.
+DISK_LEAST_CHUNKS = 4
 # Fills a chat's short first turn up to a chunk (`turn_aligned`): a character chats do not
 # use (one that does only shares a chunk by chance: a routing hint, never a cache key).
 TURN_PAD = "\0"
@@ -79,11 +82,10 @@ HASH_BYTES = 8
 def turn_aligned(text: str, first_turn: int | None, chunk_chars: int = CHUNK_CHARS) -> str:
     """A chat's routing text with its first turn, if shorter than a chunk, padded to one
     (`TURN_PAD`): chats opening with the same short system prompt, or all those opening
-    with the template's default one (`first_turn` 0: the chat opens with the user's
-    message, and the model's template puts its own system turn first), then share a
-    chunk, as their prompts share those tokens (SmolLM2's default system turn is about 20
-    tokens; a chunk counts for about 30). Not a chat (None), or a first turn of a chunk or
-    more: `text` as it is."""
+    with the user's message, then share a chunk, as their prompts share those tokens —
+    the second kind, the template's default system turn, where the model's template puts
+    one first (SmolLM2's and Qwen2.5's do: about 20 and 30 tokens; a chunk counts for about
+    30). Not a chat (None), or a first turn of a chunk or more: `text` as it is."""
     if first_turn is None or first_turn >= chunk_chars:
         return text
     return text[:first_turn] + TURN_PAD * (chunk_chars - first_turn) + text[first_turn:]
@@ -559,7 +561,7 @@ class FleetAffinity:
             rest = sorted((r for r in live if r not in pair), key=lambda r: loads[r])
             return Choice(pair + rest, "balance")
         chain = prefix_chain(text, self.chunk_chars)
-        on_disk = self.shared.matched(chain)
+        on_disk = self._on_disk(chain)
         home, home_depth = self.homes.home(chain)
         cached = {r: self._cached(self.replica(r), chain, on_disk) for r in live}
         cost = {
@@ -606,6 +608,11 @@ class FleetAffinity:
             return place.replica
         view = self.replica(place.replica)
         return place.replica if view.resident(place.chain) >= len(place.chain) else None
+
+    def _on_disk(self, chain: Sequence[bytes]) -> int:
+        """Chunks of `chain` a replica sharing the disk cache could restore from it."""
+        matched = self.shared.matched(chain)
+        return matched if matched >= DISK_LEAST_CHUNKS else 0
 
     def _cached(self, view: ReplicaView, chain: Sequence[bytes], on_disk: int) -> float:
         """Chunks of `chain` the replica need not compute: held in a slot, or restored."""
@@ -669,7 +676,7 @@ class FleetAffinity:
         kept = max(
             shared_chunks(conversation, taker),
             view.resident(conversation, besides=conversation),
-            self.shared.matched(conversation) * self.disk_weight if view.shared_cache else 0,
+            self._on_disk(conversation) * self.disk_weight if view.shared_cache else 0,
         )
         return max(0.0, len(conversation) - kept)
 
@@ -702,7 +709,7 @@ class FleetAffinity:
         for displaced in self._displaced(replica_id, chain, session, now):
             if displaced.at_once:
                 self._lose(displaced.session, set_aside=view.spills)
-        cached = self._cached(view, chain, self.shared.matched(chain))
+        cached = self._cached(view, chain, self._on_disk(chain))
         work = Work(chain, len(chain) - cached + DECODE_CHUNKS, session, sent=now)
         key = request if request is not None else ("unnamed", self._routings)
         for forgotten in view.backlog.add(key, work, now):

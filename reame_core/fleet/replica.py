@@ -83,7 +83,7 @@ class ServedPrefixes:
             return
         if stored_chars is None or (self.conversations and session is not None):
             stored = chain
-        else:
+        else:  # a first turn padded to a chunk (`turn_aligned`) is shorter: none stored
             stored = chain[: stored_chars // self.chunk_chars]
         with self._lock:
             if session is not None:

@@ -280,6 +280,23 @@ def test_a_prefix_on_the_shared_disk_counts_for_every_replica_that_shares_it() -
     assert choice.ranked.index("r2") < choice.ranked.index("r3")
 
 
+def test_a_match_on_disk_too_short_to_restore_counts_for_nothing() -> None:
+    affinity = fleet("r1", "r2", slots=2)
+    friendly = ("system", "You are a friendly assistant.")
+    conversation = chat_text(friendly, ("user", "Bake bread? " * 40))
+    # A session's conversation on disk: a new chat shares only its padded first turn.
+    affinity.observe(
+        "r1", RoutingStats(slots=2, serial=2, shared_cache=True, stored=prefix_chain(conversation))
+    )
+    affinity.observe("r2", RoutingStats(slots=2, serial=2, shared_cache=True))
+    affinity.routed("r2", conversation, request=1)
+    affinity.completed("r2", 1)
+    settle(affinity)
+    choice = affinity.rank(["r1", "r2"], chat_text(friendly, ("user", "Grow lettuce? " * 40)))
+    assert choice.ranked[0] == "r2" and choice.reason == "prefix"
+    assert choice.costs["r1"] - choice.costs["r2"] >= 1.0
+
+
 def test_a_resident_prefix_beats_the_same_prefix_on_disk() -> None:
     affinity = FleetAffinity(rng=random.Random(1))
     chain = prefix_chain(SYSTEM_A)
