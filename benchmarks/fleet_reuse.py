@@ -46,9 +46,10 @@ def reuse(names: list[str]) -> dict[str, Any]:
         hosts.add(report["host"])
         workload = report["workload"]
         trace = trace_for(workload["trace_requests"], workload["trace_max_tokens"])
+        kinds = [request["kind"] for request in trace]
         for run in report["runs"]:
             runs.append(run)
-            spread[run["router"]].append(_spread(run["results"], [r["kind"] for r in trace]))
+            spread[run["router"]].append(_spread(run["results"], kinds))
             for index, result in enumerate(run["results"]):
                 if prompts.setdefault(index, result["prompt_tokens"]) != result["prompt_tokens"]:
                     raise SystemExit(f"{name}: request {index}'s prompt differs between runs")

@@ -21,7 +21,7 @@ A slot can be pinned to a session (a client's conversation id): other requests c
 it instead of taking it, and it is handed out only when no unpinned slot is free. At most
 `max_sessions` slots are pinned; pinning one more unpins the least recently used. A slot
 also remembers whose conversation its KV holds (`Slot.conversation`), pinned or not, until
-another request takes it: what a fleet replica reports to its router (`conversations`).
+another request takes it: what a fleet replica reports to its router (`holdings`).
 When every free slot is pinned and a request takes one, the exactly reusable part of the
 session's conversation is first copied out of the KV and kept in memory (at most
 `spill_bytes` of such states, the oldest dropped first), and the session's next turn loads
@@ -198,11 +198,6 @@ class KVSlots:
         slot.conversation = session
         slot.last_used = next(self._clock)
         return slot
-
-    def conversations(self) -> set[str]:
-        """The sessions whose conversation the engine holds (`holdings`, both kinds)."""
-        in_slots, kept_aside = self.holdings()
-        return in_slots | kept_aside
 
     def holdings(self) -> tuple[set[str], frozenset[str]]:
         """The sessions whose conversation some slot's KV holds, in a slot running its turn

@@ -84,7 +84,7 @@ def forwarded(
         prompt=routed.text or path,
         session=session or routed.session,
         stored_chars=routed.stored_chars,
-        first_turn=routed.first_turn if routed.text else None,
+        first_turn=routed.first_turn,
     )
 
 
@@ -115,8 +115,9 @@ def routing_text(body: bytes) -> RoutingText:
             f"{message.get('role', '')}\n{_content_text(message.get('content'))}\n"
             for message in messages
         ]
-        system = bool(messages) and messages[0].get("role") == "system"
-        first = len(parts[0]) if system else 0
+        if not messages:  # no text: the request's path routes it
+            return RoutingText(session=session)
+        first = len(parts[0]) if messages[0].get("role") == "system" else 0
         return RoutingText("".join(parts), session, first, first)
     prompt = data.get("prompt")
     if isinstance(prompt, list):

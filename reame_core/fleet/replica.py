@@ -110,28 +110,29 @@ class ServedPrefixes:
         self,
         queued: int,
         running: int,
-        conversations: set[str] | None = None,
+        in_slots: Collection[str] | None = None,
         spills: bool = False,
         aside: Collection[str] = (),
     ) -> RoutingStats:
-        """What the routers need. `conversations` (None: unknown), the sessions whose
-        conversation the engine holds now, corrects the record: a session not among them
-        lost its slot to another request. `aside`: those among them the engine keeps in
-        memory since another request took their slot, in no slot (`spills`: the engine
-        keeps such conversations, engine/slots.py)."""
+        """What the routers need. The sessions whose conversation the engine holds now
+        correct the record (None: unknown): `in_slots`, in a slot, and `aside`, kept in
+        memory since another request took their slot (`spills`: the engine keeps such
+        conversations, engine/slots.py); a session in neither lost its slot to another
+        request."""
         with self._lock:
             self._serial += 1
             resident = list(self._resident.values())
             sessions: dict[str, tuple[int, bool]] = {}
             set_aside: list[str] = []
-            if conversations is not None:
+            if in_slots is not None:
                 out_of_slots = set()
                 for session, (turns, tail) in self._turns.items():
-                    held = session in conversations
+                    kept_aside = session in aside
+                    held = kept_aside or session in in_slots
                     sessions[session] = (turns, held)
-                    if held and session in aside:
+                    if kept_aside:
                         set_aside.append(session)
-                    if not held or session in aside:
+                    if kept_aside or not held:
                         out_of_slots.add(tail)
                 resident = [chain for chain in resident if chain[-1] not in out_of_slots]
             return RoutingStats(
@@ -222,11 +223,7 @@ class ReameReplica:
         slots = runtime.engine.slots
         in_slots, aside = slots.holdings()
         return self.prefixes.report(
-            in_flight - running,
-            running,
-            in_slots | aside,
-            spills=slots.spill_bytes > 0,
-            aside=aside,
+            in_flight - running, running, in_slots, spills=slots.spill_bytes > 0, aside=aside
         ).as_dict()
 
     def check_health(self) -> None:

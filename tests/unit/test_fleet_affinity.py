@@ -826,7 +826,7 @@ def test_a_replica_reports_its_sessions_as_its_engine_holds_them() -> None:
     served.served(kept, session="kept")
     served.served(kept + "user: and then", session="kept")
     served.served(lost, session="lost")
-    report = served.report(0, 0, conversations={"kept"})
+    report = served.report(0, 0, in_slots={"kept"})
     assert report.sessions == {"kept": (2, True), "lost": (1, False)}
     assert report.resident == [prefix_chain(kept + "user: and then")]
     assert served.report(0, 0).sessions == {}  # an engine that does not say
@@ -837,9 +837,7 @@ def test_a_replica_reports_a_conversation_set_aside_as_held_but_in_no_slot() -> 
     aside, in_slot = SYSTEM_A + "user: first question", SYSTEM_B + "user: hello"
     served.served(aside, session="aside")
     served.served(in_slot, session="in slot")
-    report = served.report(
-        0, 0, conversations={"aside", "in slot"}, spills=True, aside=frozenset({"aside"})
-    )
+    report = served.report(0, 0, in_slots={"in slot"}, spills=True, aside=frozenset({"aside"}))
     assert report.sessions == {"aside": (1, True), "in slot": (1, True)}
     assert report.aside == ["aside"]
     assert report.resident == [prefix_chain(in_slot)]

@@ -100,17 +100,23 @@ def test_acquire_keeps_busy_sequence_ids_consecutive() -> None:
     assert slots.acquire().seq_id == 1  # 0-2 in one run, where 4 or 5 would make two
 
 
+def held(slots: KVSlots) -> set[str]:
+    """The sessions whose conversation the engine holds, in a slot or kept aside."""
+    in_slots, kept_aside = slots.holdings()
+    return in_slots | kept_aside
+
+
 def test_a_slot_holds_its_sessions_conversation_until_another_request_takes_it() -> None:
     slots = KVSlots(FakeBackend(n_seq_max=4))  # two pins
     for session in ("a", "b", "c"):
         slots.release(slots.acquire(session=session), session)
     # "a" is unpinned by "c", but nothing has taken its slot yet.
-    assert slots.conversations() == {"a", "b", "c"}
+    assert held(slots) == {"a", "b", "c"}
     assert sum(s.session is not None for s in slots.slots) == 2
     slots.acquire()  # the free unpinned slot: nobody's conversation
-    assert slots.conversations() == {"a", "b", "c"}
+    assert held(slots) == {"a", "b", "c"}
     slots.acquire()  # the least recently used of the rest: "a"'s
-    assert slots.conversations() == {"b", "c"}
+    assert held(slots) == {"b", "c"}
 
 
 def _decoded(backend: FakeBackend, slots: KVSlots, slot: Slot, tokens: Sequence[int]) -> None:
@@ -133,7 +139,7 @@ def test_a_pinned_slot_taken_over_keeps_the_exact_part_of_its_conversation_for_t
     slots.release(slot, "chat")
 
     taken = slots.acquire()  # the only free slot: pinned, so its conversation is kept aside
-    assert taken is slot and slots.conversations() == {"chat"}
+    assert taken is slot and held(slots) == {"chat"}
     slots.truncate(taken, 0)
     fill(backend, slots, taken, [7, 8, 9])
     slots.release(taken)
@@ -184,7 +190,7 @@ def test_a_state_that_cannot_be_cut_back_is_not_kept() -> None:
     slots.release(slot, "chat")
     slots.acquire()
 
-    assert slots.conversations() == set()
+    assert held(slots) == set()
     assert not slots.restore_spilled(slots.slots[0], "chat", [1, 2, 3, 4, 5, 6], limit=4)
 
 
