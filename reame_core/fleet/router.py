@@ -15,6 +15,7 @@ another waiting request, which would throw away the choice made for the first on
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
@@ -27,6 +28,7 @@ from reame_core.fleet.affinity import (
     RoutingStats,
 )
 from reame_core.fleet.forwarding import ForwardedRequest
+from reame_core.fleet.waiting import WaitLine
 
 
 class ReameRequestRouter(RequestRouter):
@@ -35,6 +37,7 @@ class ReameRequestRouter(RequestRouter):
     out of balance, where it falls back to power of two choices."""
 
     affinity: FleetAffinity
+    line: WaitLine
 
     def initialize_state(
         self,
@@ -52,6 +55,7 @@ class ReameRequestRouter(RequestRouter):
             home_weight=home_weight,
             sole_router=sole_router,
         )
+        self.line = WaitLine()
 
     def _state(self) -> FleetAffinity:
         # Serve calls `initialize_state` after construction; be whole before it too.
@@ -80,8 +84,11 @@ class ReameRequestRouter(RequestRouter):
         if request is None or not request.routable:
             # /health, /metrics, /v1/models: any replica, each in turn.
             return [[by_id[r]] for r in affinity.least_recently_routed(list(by_id))]
-        choice = affinity.rank(list(by_id), request.routed_text, request.session)
-        return [[by_id[replica_id]] for replica_id in choice.ranked]
+        ranked = affinity.rank(list(by_id), request.routed_text, request.session).ranked
+        key = _request_id(pending_request)
+        if pending_request is not None and key is not None:  # it waits behind older requests
+            ranked = self.line.turn(key, pending_request.created_at, ranked, time.monotonic())
+        return [[by_id[replica_id]] for replica_id in ranked]
 
     def on_request_routed(
         self,
@@ -89,16 +96,18 @@ class ReameRequestRouter(RequestRouter):
         replica_id: ReplicaID,
         result: Any,
     ) -> None:
+        affinity = self._state()
+        key = _request_id(pending_request)
+        self.line.seated(key)
         request = _forwarded(pending_request)
         if request is None:
             return
-        key = getattr(pending_request.metadata, "internal_request_id", None)
         if request.routable:
-            self._state().routed(
+            affinity.routed(
                 replica_id.unique_id, request.routed_text, request.session, key, request.id
             )
         else:
-            self._state().routed(replica_id.unique_id, "", request=key)
+            affinity.routed(replica_id.unique_id, "", request=key)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         # Older Ray Serve releases never call this: Serve's queue-length cache then settles
@@ -112,6 +121,11 @@ class ReameRequestRouter(RequestRouter):
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
         self._state().keep_only(r.replica_id.unique_id for r in replicas)
+
+
+def _request_id(pending_request: PendingRequest | None) -> str | None:
+    metadata = getattr(pending_request, "metadata", None)
+    return getattr(metadata, "internal_request_id", None)
 
 
 def _forwarded(pending_request: PendingRequest | None) -> ForwardedRequest | None:
