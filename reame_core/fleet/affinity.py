@@ -549,8 +549,9 @@ class FleetAffinity:
         live = list(candidates)
         now = self._clock()
         host = self._session_host(session, live)
-        if host is not None:  # it waits there for a slot if need be (waiting.py)
-            return Choice([host], "session")
+        if host is not None:
+            rest = sorted((r for r in live if r != host), key=lambda r: self.replica(r).ahead(now))
+            return Choice([host, *rest], "session")
         loads = {r: self.replica(r).load for r in live}
         if max(loads.values()) - min(loads.values()) > self.imbalance:
             # One replica is far behind: caches matter less than its queue. Power of two

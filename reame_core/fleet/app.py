@@ -35,11 +35,8 @@ ROUTERS: dict[str, str] = {
 # How often replicas report to the routers (`record_routing_stats`). Between reports the
 # router learns from its own choices, so a few seconds is enough.
 STATS_PERIOD_S = 2.0
-# How soon a request that found every slot busy asks the router again: Serve's backoff,
-# from `INITIAL_BACKOFF_S` doubling up to `MAX_BACKOFF_S` (Serve's own: 0.025 to 0.5 s).
-# Each ask probes the full replicas once; a slot freed is taken within this.
-INITIAL_BACKOFF_S = 0.01
-MAX_BACKOFF_S = 0.05
+# Requests a replica takes beyond its slots before the router looks elsewhere.
+QUEUE_PER_SLOT = 1
 
 
 def build_fleet(settings: Mapping[str, Any], plan: FleetPlan) -> Application:
@@ -50,7 +47,7 @@ def build_fleet(settings: Mapping[str, Any], plan: FleetPlan) -> Application:
         name="reame-replica",
         num_replicas=plan.replicas,
         ray_actor_options={"num_cpus": plan.threads},
-        max_ongoing_requests=slots * (1 + plan.queue_per_slot),
+        max_ongoing_requests=slots * (1 + QUEUE_PER_SLOT),
         health_check_period_s=2.0,
         health_check_timeout_s=10.0,
         graceful_shutdown_timeout_s=5.0,
@@ -60,8 +57,6 @@ def build_fleet(settings: Mapping[str, Any], plan: FleetPlan) -> Application:
             "request_router_kwargs": {"sole_router": True} if plan.router == "reame" else {},
             "request_routing_stats_period_s": STATS_PERIOD_S,
             "request_routing_stats_timeout_s": 10 * STATS_PERIOD_S,
-            "initial_backoff_s": INITIAL_BACKOFF_S,
-            "max_backoff_s": MAX_BACKOFF_S,
         },
     )(ReameReplica)
     # The ingress only forwards: it takes no CPU from the replicas' share.

@@ -20,9 +20,6 @@ class FleetPlan:
     threads: int  # per replica: its `num_cpus` as well
     router: RouterName = "reame"
     fleet_dir: Path | None = None  # shared prefix cache and archive; None: each its own
-    # Requests a replica takes beyond its slots, per slot. 0: a request finding every slot
-    # busy waits in the router for the first to free (reame_core/fleet/waiting.py).
-    queue_per_slot: int = 0
 
     @property
     def slots(self) -> int:

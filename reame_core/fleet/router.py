@@ -15,7 +15,6 @@ another waiting request, which would throw away the choice made for the first on
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
@@ -28,7 +27,6 @@ from reame_core.fleet.affinity import (
     RoutingStats,
 )
 from reame_core.fleet.forwarding import ForwardedRequest
-from reame_core.fleet.waiting import WaitLine
 
 
 class ReameRequestRouter(RequestRouter):
@@ -37,7 +35,6 @@ class ReameRequestRouter(RequestRouter):
     out of balance, where it falls back to power of two choices."""
 
     affinity: FleetAffinity
-    line: WaitLine
 
     def initialize_state(
         self,
@@ -55,7 +52,6 @@ class ReameRequestRouter(RequestRouter):
             home_weight=home_weight,
             sole_router=sole_router,
         )
-        self.line = WaitLine()
 
     def _state(self) -> FleetAffinity:
         # Serve calls `initialize_state` after construction; be whole before it too.
@@ -84,11 +80,8 @@ class ReameRequestRouter(RequestRouter):
         if request is None or not request.routable:
             # /health, /metrics, /v1/models: any replica, each in turn.
             return [[by_id[r]] for r in affinity.least_recently_routed(list(by_id))]
-        ranked = affinity.rank(list(by_id), request.routed_text, request.session).ranked
-        key = _request_id(pending_request)
-        if pending_request is not None and key is not None:  # it waits behind older requests
-            ranked = self.line.turn(key, pending_request.created_at, ranked, time.monotonic())
-        return [[by_id[replica_id]] for replica_id in ranked]
+        choice = affinity.rank(list(by_id), request.routed_text, request.session)
+        return [[by_id[replica_id]] for replica_id in choice.ranked]
 
     def on_request_routed(
         self,
@@ -96,18 +89,16 @@ class ReameRequestRouter(RequestRouter):
         replica_id: ReplicaID,
         result: Any,
     ) -> None:
-        affinity = self._state()
-        key = _request_id(pending_request)
-        self.line.seated(key)
         request = _forwarded(pending_request)
         if request is None:
             return
+        key = getattr(pending_request.metadata, "internal_request_id", None)
         if request.routable:
-            affinity.routed(
+            self._state().routed(
                 replica_id.unique_id, request.routed_text, request.session, key, request.id
             )
         else:
-            affinity.routed(replica_id.unique_id, "", request=key)
+            self._state().routed(replica_id.unique_id, "", request=key)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         # Older Ray Serve releases never call this: Serve's queue-length cache then settles
@@ -121,11 +112,6 @@ class ReameRequestRouter(RequestRouter):
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
         self._state().keep_only(r.replica_id.unique_id for r in replicas)
-
-
-def _request_id(pending_request: PendingRequest | None) -> str | None:
-    metadata = getattr(pending_request, "metadata", None)
-    return getattr(metadata, "internal_request_id", None)
 
 
 def _forwarded(pending_request: PendingRequest | None) -> ForwardedRequest | None:

@@ -465,7 +465,7 @@ def test_a_session_sticks_to_its_replica_over_home_and_backlog() -> None:
     affinity.routed("r1", SYSTEM_B + "user: first turn", session="chat-9")
     affinity.routed("r1", "Q" * 1500)  # and r1 is busy computing something else
     choice = affinity.rank(["r1", "r2"], SYSTEM_B + "user: first turn, second", "chat-9")
-    assert choice.ranked == ["r1"] and choice.reason == "session"
+    assert choice.ranked == ["r1", "r2"] and choice.reason == "session"
 
 
 def test_stats_cross_process_boundaries_as_plain_data() -> None:
