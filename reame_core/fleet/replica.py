@@ -68,6 +68,9 @@ class ServedPrefixes:
         # session -> turns served here, its last prompt's tail; the most recent last
         self._turns: OrderedDict[str, tuple[int, bytes]] = OrderedDict()
         self._finished: deque[str] = deque(maxlen=REPORTED_FINISHED)
+        # Sessions the engine held in no slot at the last report (set aside, or lost):
+        # no longer pinned, until their next turn here takes a slot again.
+        self._out_of_slots: set[str] = set()
         self._reported_sessions = max(REPORTED_SESSIONS, pinnable(slots))
         self._serial = 0
         self._lock = threading.Lock()
@@ -87,6 +90,7 @@ class ServedPrefixes:
             stored = chain[: stored_chars // self.chunk_chars]
         with self._lock:
             if session is not None:
+                self._out_of_slots.discard(session)
                 turns = self._turns.pop(session, (0, b""))[0]
                 self._turns[session] = (turns + 1, chain[-1])
                 while len(self._turns) > self._reported_sessions:
@@ -102,9 +106,10 @@ class ServedPrefixes:
             self._finished.append(request_id)
 
     def _pinned_tails(self) -> set[bytes]:
-        """The last prompts of the sessions the engine keeps pinned: its most recent."""
-        recent = itertools.islice(reversed(self._turns.values()), pinnable(self.slots))
-        return {tail for _, tail in recent}
+        """The last prompts of the sessions the engine keeps pinned: its most recent,
+        less those it held in no slot at the last report."""
+        recent = itertools.islice(reversed(self._turns.items()), pinnable(self.slots))
+        return {tail for session, (_, tail) in recent if session not in self._out_of_slots}
 
     def report(
         self,
@@ -125,16 +130,17 @@ class ServedPrefixes:
             sessions: dict[str, tuple[int, bool]] = {}
             set_aside: list[str] = []
             if in_slots is not None:
-                out_of_slots = set()
-                for session, (turns, tail) in self._turns.items():
+                self._out_of_slots = set()
+                for session, (turns, _) in self._turns.items():
                     kept_aside = session in aside
                     held = kept_aside or session in in_slots
                     sessions[session] = (turns, held)
                     if kept_aside:
                         set_aside.append(session)
                     if kept_aside or not held:
-                        out_of_slots.add(tail)
-                resident = [chain for chain in resident if chain[-1] not in out_of_slots]
+                        self._out_of_slots.add(session)
+                gone = {self._turns[s][1] for s in self._out_of_slots}
+                resident = [chain for chain in resident if chain[-1] not in gone]
             return RoutingStats(
                 queued=queued,
                 running=running,

@@ -844,6 +844,21 @@ def test_a_replica_reports_a_conversation_set_aside_as_held_but_in_no_slot() -> 
     assert RoutingStats.from_dict(report.as_dict()) == report
 
 
+def test_a_replica_keeps_no_slot_in_its_record_for_a_session_its_engine_set_aside() -> None:
+    served = ServedPrefixes(slots=2, shared_cache=False)  # one pinnable slot
+    chat = SYSTEM_A + "user: first question"
+    served.served(chat, session="chat")
+    served.report(0, 0, in_slots=set(), spills=True, aside=frozenset({"chat"}))
+    served.served("C" * 1000)
+    served.served("D" * 1000)  # the slots hold C and D: the chat is in memory, not pinned
+    report = served.report(0, 0, in_slots=set(), spills=True, aside=frozenset({"chat"}))
+    assert report.resident == [prefix_chain("C" * 1000), prefix_chain("D" * 1000)]
+    served.served(chat + "user: and then", session="chat")  # its next turn takes a slot
+    served.served("E" * 1000)  # and keeps it pinned
+    report = served.report(0, 0, in_slots={"chat"}, spills=True)
+    assert report.resident == [prefix_chain(chat + "user: and then"), prefix_chain("E" * 1000)]
+
+
 def test_a_session_the_engine_set_aside_unpins_its_slot_in_the_routers_picture() -> None:
     # Another router's request (or one the router priced otherwise) took the pinned slot.
     affinity = fleet("r1", "r2", slots=2)
