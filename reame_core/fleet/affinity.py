@@ -41,6 +41,7 @@ sends the request to the first replica in that order with room (`max_ongoing_req
 from __future__ import annotations
 
 import hashlib
+import heapq
 import itertools
 import random
 import time
@@ -77,6 +78,10 @@ UNREPORTED_REPORTS = 3
 # Most routed prompts a replica's view keeps until reports account for them.
 UNREPORTED_MOST = 64
 HASH_BYTES = 8
+# Replicas ranked exactly, best first; the others follow in an order that may price some
+# too low (`best_first`). Serve tries the ranks in turn, and the first takes the request
+# unless it is at `max_ongoing_requests`.
+EXACT_RANKS = 3
 
 
 def turn_aligned(text: str, first_turn: int | None, chunk_chars: int = CHUNK_CHARS) -> str:
@@ -396,7 +401,39 @@ class Choice:
     ranked: list[str]
     reason: str
     reused_chars: int = 0
-    costs: Mapping[str, float] = field(default_factory=dict)  # by replica, when priced
+    costs: Mapping[str, float] = field(default_factory=dict)  # by replica priced in full
+
+
+def best_first(
+    items: Sequence[str],
+    key: Callable[[str, float], tuple[Any, ...]],
+    least: Mapping[str, float],
+    price: Callable[[str], float],
+    exact: int,
+) -> tuple[list[str], dict[str, float]]:
+    """`items` ordered by `key(item, price(item))`, the first `exact` of them exactly, the
+    rest by what is known of their price; and the prices computed. `price` is dear:
+    it is asked only of items that could be among the first `exact`, given that an item's
+    price is at least `least[item]` and its key grows with its price. Equal keys keep
+    `items`' order."""
+    at = {item: n for n, item in enumerate(items)}
+    waiting = sorted(items, key=lambda i: (key(i, least[i]), at[i]))
+    priced: dict[str, float] = {}
+    heap: list[tuple[tuple[Any, ...], int, str]] = []
+    ranked: list[str] = []
+    j = 0
+    while len(ranked) < exact and (heap or j < len(waiting)):
+        # Price every item that could still come before the best priced one.
+        while j < len(waiting) and (
+            not heap or (key(waiting[j], least[waiting[j]]), at[waiting[j]]) <= heap[0][:2]
+        ):
+            item = waiting[j]
+            j += 1
+            priced[item] = price(item)
+            heapq.heappush(heap, (key(item, priced[item]), at[item], item))
+        ranked.append(heapq.heappop(heap)[2])
+    rest = [(k, n, i) for k, n, i in heap] + [(key(i, least[i]), at[i], i) for i in waiting[j:]]
+    return ranked + [i for _, _, i in sorted(rest)], priced
 
 
 class FleetAffinity:
@@ -423,10 +460,12 @@ class FleetAffinity:
         home_weight: float = HOME_WEIGHT,
         chunk_chars: int = CHUNK_CHARS,
         sole_router: bool = False,
+        exact_ranks: int = EXACT_RANKS,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.chunk_chars = chunk_chars
+        self.exact_ranks = exact_ranks
         # Every request the replicas get comes through this router (the fleet has one
         # ingress): counts beyond its own are lag, not another router's requests.
         self.sole_router = sole_router
@@ -564,15 +603,21 @@ class FleetAffinity:
         on_disk = self._on_disk(chain)
         home, home_depth = self.homes.home(chain)
         cached = {r: self._cached(self.replica(r), chain, on_disk) for r in live}
-        cost = {
+        # Each cost but the sessions a request would displace, which is the dear part to
+        # price (every pinned session's conversation against the replica's slots): a
+        # lower bound, priced in full only for the replicas that could rank first.
+        least = {
             r: self.replica(r).ahead(now)
             + (len(chain) - cached[r] + DECODE_CHUNKS)
-            + sum(d.chance * d.recompute for d in self._displaced(r, chain, session, now))
             - (self._home_bonus(self.replica(r), home_depth, on_disk) if r == home else 0.0)
             for r in live
         }
 
-        def preference(r: str) -> tuple[bool, bool, float, float, int, int]:
+        def price(r: str) -> float:
+            displaced = self._displaced(r, chain, session, now)
+            return least[r] + sum(d.chance * d.recompute for d in displaced)
+
+        def preference(r: str, cost: float) -> tuple[bool, bool, float, float, int, int]:
             # A replica with a slot free before one without: a request that waits for a
             # slot waits for a whole request to finish, and takes a slot the sessions
             # living there will want. Among those without, where the request would take
@@ -586,9 +631,9 @@ class FleetAffinity:
             frees = view.slot_frees_after(now) if view.full else 0.0
             homes = self.homes.chunks[r] if chain else 0
             queued = frees is None
-            return (view.full, queued, frees or 0.0, cost[r], homes, view.last_routed)
+            return (view.full, queued, frees or 0.0, cost, homes, view.last_routed)
 
-        order = sorted(live, key=preference)
+        order, cost = best_first(live, preference, least, price, self.exact_ranks)
         top = order[0]
         resident = self.replica(top).resident(chain)
         if cached[top] > 0:

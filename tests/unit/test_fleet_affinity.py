@@ -19,6 +19,7 @@ from reame_core.fleet.affinity import (
     PrefixSet,
     ReplicaView,
     RoutingStats,
+    best_first,
     matched_chunks,
     prefix_chain,
     shared_chunks,
@@ -1011,3 +1012,81 @@ def test_behind_a_queue_longer_than_the_slots_a_request_goes_by_cost() -> None:
     affinity.completed("r1", 1)
     affinity.routed("r1", SYSTEM_B + "Ticket 8", request=8)
     assert affinity.rank(["r1", "r2"], SYSTEM_A + "Invoice 9").ranked == ["r1", "r2"]
+
+
+_KEYS = st.tuples(st.booleans(), st.integers(0, 3), st.integers(0, 2))
+
+
+@given(
+    costs=st.lists(st.tuples(_KEYS, st.integers(0, 5), st.integers(0, 5)), min_size=1, max_size=9),
+    exact=st.integers(1, 10),
+)
+@settings(max_examples=300, deadline=None)
+def test_best_first_ranks_the_first_exactly_pricing_only_what_could_come_first(
+    costs: list[tuple[tuple[bool, int, int], int, int]], exact: int
+) -> None:
+    items = [f"r{n}" for n in range(len(costs))]
+    head = {item: c[0] for item, c in zip(items, costs, strict=True)}
+    least = {item: float(c[1]) for item, c in zip(items, costs, strict=True)}
+    full = {item: float(c[1] + c[2]) for item, c in zip(items, costs, strict=True)}
+    asked: list[str] = []
+
+    def price(item: str) -> float:
+        asked.append(item)
+        return full[item]
+
+    def key(item: str, cost: float) -> tuple[object, ...]:
+        return (*head[item], cost)
+
+    ranked, priced = best_first(items, key, least, price, exact)
+    everything = sorted(items, key=lambda i: key(i, full[i]))  # stable: items' order on ties
+    assert ranked[:exact] == everything[:exact]
+    assert sorted(ranked) == sorted(items)
+    assert priced == {item: full[item] for item in asked} and len(asked) == len(set(asked))
+    if exact >= len(items):
+        assert ranked == everything
+
+
+def _busy_fleet(seed: int) -> FleetAffinity:
+    """A fleet of a few replicas after a random stretch of traffic: prompts sharing
+    beginnings, sessions of several turns, requests completing or not."""
+    rng = random.Random(seed)
+    clock = Clock()
+    replicas = [f"r{n}" for n in range(rng.randint(2, 7))]
+    affinity = fleet(*replicas, slots=rng.choice((2, 4)), clock=clock, exact_ranks=3)
+    conversations: dict[str, str] = {}
+    in_flight: list[tuple[str, int]] = []
+    for request in range(rng.randint(0, 40)):
+        clock.now += rng.random() * 3
+        replica = rng.choice(replicas)
+        if rng.random() < 0.4:
+            session = f"chat-{rng.randint(0, 5)}"
+            start = conversations.get(session, rng.choice((SYSTEM_A, SYSTEM_B)))
+            conversations[session] = start + f"user: turn {request}. " * rng.randint(1, 9)
+            affinity.routed(replica, conversations[session], session=session, request=request)
+        else:
+            text = rng.choice((SYSTEM_A, SYSTEM_B, "")) + "document " * rng.randint(0, 300)
+            affinity.routed(replica, text, request=request)
+        in_flight.append((replica, request))
+        while in_flight and rng.random() < 0.5:
+            affinity.completed(*in_flight.pop(rng.randrange(len(in_flight))))
+    return affinity
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_a_fleet_ranks_its_first_replicas_as_if_it_priced_every_one(seed: int) -> None:
+    affinity = _busy_fleet(seed)
+    live = list(affinity.replicas)
+    rng = random.Random(-seed)
+    for _ in range(5):
+        text = rng.choice((SYSTEM_A, SYSTEM_B, "")) + "document " * rng.randint(0, 300)
+        session = rng.choice((None, "chat-1", "new chat"))
+        lazily = affinity.rank(live, text, session)
+        affinity.exact_ranks = len(live)
+        fully = affinity.rank(live, text, session)
+        affinity.exact_ranks = 3
+        assert lazily.reason == fully.reason
+        if lazily.reason in ("session", "balance"):
+            continue
+        assert lazily.ranked[:3] == fully.ranked[:3]
+        assert {r: fully.costs[r] for r in lazily.costs} == lazily.costs
