@@ -411,11 +411,11 @@ def best_first(
     price: Callable[[str], float],
     exact: int,
 ) -> tuple[list[str], dict[str, float]]:
-    """`items` ordered by `key(item, price(item))`, the first `exact` of them exactly, the
-    rest by what is known of their price; and the prices computed. `price` is dear:
-    it is asked only of items that could be among the first `exact`, given that an item's
-    price is at least `least[item]` and its key grows with its price. Equal keys keep
-    `items`' order."""
+    """`items` (distinct) ordered by `key(item, price(item))`, the first `exact` of them
+    exactly, the rest by what is known of their price; and the prices computed. `price` is
+    dear: it is asked only of items that could be among the first `exact`, given that an
+    item's price is at least `least[item]` and its key grows with its price. Equal keys
+    keep `items`' order."""
     at = {item: n for n, item in enumerate(items)}
     waiting = sorted(items, key=lambda i: (key(i, least[i]), at[i]))
     priced: dict[str, float] = {}
@@ -464,6 +464,8 @@ class FleetAffinity:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if exact_ranks < 1:
+            raise ValueError("exact_ranks must be at least 1")
         self.chunk_chars = chunk_chars
         self.exact_ranks = exact_ranks
         # Every request the replicas get comes through this router (the fleet has one

@@ -1043,6 +1043,10 @@ def test_best_first_ranks_the_first_exactly_pricing_only_what_could_come_first(
     assert ranked[:exact] == everything[:exact]
     assert sorted(ranked) == sorted(items)
     assert priced == {item: full[item] for item in asked} and len(asked) == len(set(asked))
+    # Priced only what could have come before the last exactly ranked.
+    last = ranked[min(exact, len(items)) - 1]
+    bound = (key(last, full[last]), items.index(last))
+    assert all((key(i, least[i]), items.index(i)) <= bound for i in asked)
     if exact >= len(items):
         assert ranked == everything
 
