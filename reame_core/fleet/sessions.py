@@ -24,6 +24,7 @@ long as nothing took it.
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -159,18 +160,14 @@ class SessionBook:
                 place.ended = now
 
     def pinned(self, replica: str, slots: int) -> list[tuple[str, SessionPlace]]:
-        """The sessions whose slots `replica` keeps pinned, most recent first: those still
-        kept there in a slot, as many as it pins (the engine unpins a session only for a
-        newer one, or as it hands its slot to another request)."""
-        most = pinnable(slots)
-        found: list[tuple[str, SessionPlace]] = []
-        for session in reversed(self._on.get(replica, {})):
-            if len(found) >= most:
-                break
-            place = self.places[session]
-            if place.kept and not place.set_aside:
-                found.append((session, place))
-        return found
+        """The sessions whose slots `replica` keeps pinned, most recent first: of its
+        sessions as many as it pins, the most recent, those still kept there in a slot
+        (the engine unpins a session for a newer one, or as it hands its slot to another
+        request; a session unpinned for a newer one is not pinned again when that one's
+        slot goes)."""
+        recent = itertools.islice(reversed(self._on.get(replica, {})), pinnable(slots))
+        places = ((session, self.places[session]) for session in recent)
+        return [(s, place) for s, place in places if place.kept and not place.set_aside]
 
     def live(self, place: SessionPlace, now: float) -> bool:
         """Whether the session is still likely to come back: a turn in flight, or its last

@@ -724,6 +724,17 @@ def test_a_replica_pins_only_its_most_recent_sessions() -> None:
     assert book.live(book.places["b"], now=61.0) and not book.live(book.places["b"], now=61.5)
 
 
+def test_a_session_unpinned_for_a_newer_one_is_not_pinned_again_when_that_ones_slot_goes() -> None:
+    book = SessionBook()
+    for n, session in enumerate(("a", "b", "c")):
+        book.turn(session, "r1", [bytes([n])], now=float(n))
+        book.turn_over(session, now=float(n))
+    book.places["c"].kept = False  # a request took c's slot; the engine pins "b" alone
+    assert [s for s, _ in book.pinned("r1", slots=4)] == ["b"]
+    book.places["b"].set_aside = True  # and b's, kept in memory
+    assert book.pinned("r1", slots=4) == []
+
+
 def test_a_session_is_expected_back_by_its_own_rhythm() -> None:
     book = SessionBook(ttl=SESSION_TTL)
     # A pipeline: its turns follow each other within half a second, then it is done.
