@@ -97,6 +97,10 @@ class Result:
     ok: bool = True
     session: str | None = None  # None: a one-shot question
     turn: int = 0
+    # The trace only: seconds after the replay began that it was sent, and from then to
+    # its answer's end.
+    sent: float = 0.0
+    latency: float = 0.0
 
 
 @dataclass
@@ -214,6 +218,8 @@ def replay_trace(url: str, requests: int, max_tokens: int, pace: float) -> list[
                 ok=outcome.error is None and outcome.ttft > 0 and bool(outcome.usage),
                 session=session,
                 turn=turn,
+                sent=round(outcome.sent, 3),
+                latency=round(outcome.latency, 3),
             )
         )
     return results
