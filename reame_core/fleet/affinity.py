@@ -416,24 +416,21 @@ def best_first(
     dear: it is asked only of items that could be among the first `exact`, given that an
     item's price is at least `least[item]` and its key grows with its price. Equal keys
     keep `items`' order."""
-    at = {item: n for n, item in enumerate(items)}
-    waiting = sorted(items, key=lambda i: (key(i, least[i]), at[i]))
+    # Each item's key at its least price, then its place: the order of the unpriced.
+    bounds = sorted((key(item, least[item]), n, item) for n, item in enumerate(items))
     priced: dict[str, float] = {}
     heap: list[tuple[tuple[Any, ...], int, str]] = []
     ranked: list[str] = []
     j = 0
-    while len(ranked) < exact and (heap or j < len(waiting)):
+    while len(ranked) < exact and (heap or j < len(bounds)):
         # Price every item that could still come before the best priced one.
-        while j < len(waiting) and (
-            not heap or (key(waiting[j], least[waiting[j]]), at[waiting[j]]) <= heap[0][:2]
-        ):
-            item = waiting[j]
+        while j < len(bounds) and (not heap or bounds[j][:2] <= heap[0][:2]):
+            _, n, item = bounds[j]
             j += 1
             priced[item] = price(item)
-            heapq.heappush(heap, (key(item, priced[item]), at[item], item))
+            heapq.heappush(heap, (key(item, priced[item]), n, item))
         ranked.append(heapq.heappop(heap)[2])
-    rest = [(k, n, i) for k, n, i in heap] + [(key(i, least[i]), at[i], i) for i in waiting[j:]]
-    return ranked + [i for _, _, i in sorted(rest)], priced
+    return ranked + [item for _, _, item in sorted(heap + bounds[j:])], priced
 
 
 class FleetAffinity:

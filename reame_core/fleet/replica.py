@@ -131,7 +131,8 @@ class ServedPrefixes:
             set_aside: list[str] = []
             if in_slots is not None:
                 self._out_of_slots = set()
-                for session, (turns, _) in self._turns.items():
+                gone = set()  # their last prompts
+                for session, (turns, tail) in self._turns.items():
                     kept_aside = session in aside
                     held = kept_aside or session in in_slots
                     sessions[session] = (turns, held)
@@ -139,7 +140,7 @@ class ServedPrefixes:
                         set_aside.append(session)
                     if kept_aside or not held:
                         self._out_of_slots.add(session)
-                gone = {self._turns[s][1] for s in self._out_of_slots}
+                        gone.add(tail)
                 resident = [chain for chain in resident if chain[-1] not in gone]
             return RoutingStats(
                 queued=queued,
