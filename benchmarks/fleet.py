@@ -238,14 +238,7 @@ def child(router: str, disk: str, args: argparse.Namespace) -> dict[str, Any]:
             port = free_port()
             serve.start(http_options={"host": "127.0.0.1", "port": port})
             started = time.perf_counter()
-            name, _, option = router.partition("+")
-            plan = FleetPlan(
-                replicas=2,
-                threads=1,
-                router=name,  # type: ignore[arg-type]
-                fleet_dir=fleet_dir,
-                wait_for_slot=option == "wait",
-            )
+            plan = FleetPlan(replicas=2, threads=1, router=router, fleet_dir=fleet_dir)  # type: ignore[arg-type]
             settings: dict[str, Any] = {
                 "model": args.model, "ctx": 2048, "parallel": 2, "speculate": "off",
             }  # fmt: skip
@@ -436,12 +429,7 @@ def main() -> int:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--router", default="reame", help=argparse.SUPPRESS)
     parser.add_argument("--disk", default="shared", help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--routers",
-        default="reame,pow2,prefix",
-        help="the arms: router names; reame+wait: a request finding every slot taken waits "
-        "in the router for the first to free (FleetPlan.wait_for_slot)",
-    )
+    parser.add_argument("--routers", default="reame,pow2,prefix")
     parser.add_argument(
         "--disks",
         default="shared,off",

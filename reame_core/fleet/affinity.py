@@ -300,13 +300,8 @@ class ReplicaView:
         completion the router never heard of must not keep a replica full for good (Serve's
         count drops it), and Serve's count, late by a request or two, is checked against
         the router's own."""
-        return self.free == 0
-
-    @property
-    def free(self) -> int:
-        """Slots free, by the router's count and by Serve's (see `full`)."""
         taken = self.ongoing if self.counted is None else min(self.ongoing, self.counted)
-        return max(0, self.slots - taken)
+        return taken >= self.slots
 
     @property
     def load(self) -> int:
@@ -591,7 +586,7 @@ class FleetAffinity:
             return Choice([], "none")
         live = list(candidates)
         now = self._clock()
-        host = self.session_host(session, live)
+        host = self._session_host(session, live)
         if host is not None:
             rest = sorted((r for r in live if r != host), key=lambda r: self.replica(r).ahead(now))
             return Choice([host, *rest], "session")
@@ -646,7 +641,7 @@ class FleetAffinity:
             reason = "home" if top == home and home_depth else "spread"
         return Choice(order, reason, int(cached[top] * self.chunk_chars), cost)
 
-    def session_host(self, session: str | None, live: Sequence[str]) -> str | None:
+    def _session_host(self, session: str | None, live: Sequence[str]) -> str | None:
         """The replica whose slots still hold `session`'s conversation, if it is among
         `live`. A session whose slot was taken goes where its cost is lowest, like any
         request: its conversation is no longer anywhere."""
@@ -657,14 +652,6 @@ class FleetAffinity:
             return place.replica
         view = self.replica(place.replica)
         return place.replica if view.resident(place.chain) >= len(place.chain) else None
-
-    def free_slots(self, candidates: Iterable[str]) -> int | None:
-        """Slots free over `candidates`, or None while one has not reported how many it
-        has."""
-        views = [self.replica(r) for r in candidates]
-        if any(view.serial < 0 for view in views):
-            return None
-        return sum(view.free for view in views)
 
     def _on_disk(self, chain: Sequence[bytes]) -> int:
         """Chunks of `chain` a replica sharing the disk cache could restore from it."""

@@ -54,11 +54,7 @@ def build_fleet(settings: Mapping[str, Any], plan: FleetPlan) -> Application:
         request_router_config={
             "request_router_class": ROUTERS[plan.router],
             # The fleet's one ingress holds the only handle: its router sends every request.
-            "request_router_kwargs": (
-                {"sole_router": True, "wait_for_slot": plan.wait_for_slot}
-                if plan.router == "reame"
-                else {}
-            ),
+            "request_router_kwargs": {"sole_router": True} if plan.router == "reame" else {},
             "request_routing_stats_period_s": STATS_PERIOD_S,
             "request_routing_stats_timeout_s": 10 * STATS_PERIOD_S,
         },

@@ -20,9 +20,6 @@ class FleetPlan:
     threads: int  # per replica: its `num_cpus` as well
     router: RouterName = "reame"
     fleet_dir: Path | None = None  # shared prefix cache and archive; None: each its own
-    # Reame's router: a request finding every slot taken waits in the router for the first
-    # to free (fleet/seating.py) instead of queueing on a replica.
-    wait_for_slot: bool = False
 
     @property
     def slots(self) -> int:

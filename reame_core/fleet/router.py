@@ -9,12 +9,6 @@ cache), and from the replicas' own reports (`RunningReplica.routing_stats`, refr
 `request_routing_stats_period_s`); it forgets replicas that die (`on_replica_actor_died`)
 or leave (`update_replicas`).
 
-With `wait_for_slot`, a request that finds every slot of the fleet taken waits in
-`choose_replicas` for the first to free (`SlotLine`) instead of queueing on one replica.
-Requests waiting there hold Serve's routing tasks, so the router asks for one per pending
-request (`max_num_routing_tasks`): a session's turn, which goes to its replica at once,
-must not wait for a task behind them.
-
 No FIFO mixin on purpose: with it, Serve may hand the replica chosen for one request to
 another waiting request, which would throw away the choice made for the first one's prefix.
 """
@@ -33,7 +27,6 @@ from reame_core.fleet.affinity import (
     RoutingStats,
 )
 from reame_core.fleet.forwarding import ForwardedRequest
-from reame_core.fleet.seating import SlotLine
 
 
 class ReameRequestRouter(RequestRouter):
@@ -42,7 +35,6 @@ class ReameRequestRouter(RequestRouter):
     out of balance, where it falls back to power of two choices."""
 
     affinity: FleetAffinity
-    line: SlotLine | None = None
 
     def initialize_state(
         self,
@@ -51,7 +43,6 @@ class ReameRequestRouter(RequestRouter):
         disk_weight: float = DISK_WEIGHT,
         home_weight: float = HOME_WEIGHT,
         sole_router: bool = False,
-        wait_for_slot: bool = False,
         **_: Any,
     ) -> None:
         self.affinity = FleetAffinity(
@@ -61,9 +52,6 @@ class ReameRequestRouter(RequestRouter):
             home_weight=home_weight,
             sole_router=sole_router,
         )
-        # Only the fleet's one router knows every request in flight, and so which slots are
-        # free.
-        self.line = SlotLine() if wait_for_slot and sole_router else None
 
     def _state(self) -> FleetAffinity:
         # Serve calls `initialize_state` after construction; be whole before it too.
@@ -78,43 +66,6 @@ class ReameRequestRouter(RequestRouter):
     ) -> list[list[RunningReplica]]:
         affinity = self._state()
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
-        self._learn(by_id)
-        request = _forwarded(pending_request)
-        if pending_request is not None:
-            # Every rank below has been offered: wait a little before offering them again.
-            pending_request.routing_context.should_backoff = True
-        if request is None or not request.routable:
-            # /health, /metrics, /v1/models: any replica, each in turn.
-            return [[by_id[r]] for r in affinity.least_recently_routed(list(by_id))]
-        live = list(by_id)
-        key = _request_key(pending_request)
-        if self.line and key and affinity.session_host(request.session, live) is None:
-            by_id = await self._wait_for_slot(self.line, key)
-            live = list(by_id)
-        choice = affinity.rank(live, request.routed_text, request.session)
-        return [[by_id[replica_id]] for replica_id in choice.ranked]
-
-    async def _wait_for_slot(self, line: SlotLine, key: str) -> dict[str, RunningReplica]:
-        """Wait in `line` until a slot is free among the replicas (a session's turn does not
-        wait: it goes to its replica); then the replicas, as they are now."""
-        affinity = self.affinity
-
-        def replicas() -> dict[str, RunningReplica]:
-            return {r.replica_id.unique_id: r for r in self.curr_replicas.values()}
-
-        def free() -> int:
-            live = replicas()
-            self._learn(live)
-            slots = affinity.free_slots(live)
-            # A replica that has not said how many slots it has: do not wait.
-            return line.seats + 1 if slots is None else slots
-
-        await line.seat(key, free)
-        return replicas()
-
-    def _learn(self, by_id: dict[str, RunningReplica]) -> None:
-        """The replicas' latest reports, and Serve's count of each one's requests."""
-        affinity = self.affinity
         for replica_id, replica in by_id.items():
             stats = replica.routing_stats
             if stats and stats.get("serial") != affinity.replica(replica_id).serial:
@@ -122,12 +73,15 @@ class ReameRequestRouter(RequestRouter):
             ongoing = self.replica_queue_len_cache.get(replica.replica_id)
             if ongoing is not None:
                 affinity.set_queue(replica_id, ongoing)
-
-    @property
-    def max_num_routing_tasks(self) -> int:
-        if getattr(self, "line", None) is None:
-            return super().max_num_routing_tasks
-        return self.max_num_routing_tasks_cap
+        request = _forwarded(pending_request)
+        if pending_request is not None:
+            # Every rank below has been offered: wait a little before offering them again.
+            pending_request.routing_context.should_backoff = True
+        if request is None or not request.routable:
+            # /health, /metrics, /v1/models: any replica, each in turn.
+            return [[by_id[r]] for r in affinity.least_recently_routed(list(by_id))]
+        choice = affinity.rank(list(by_id), request.routed_text, request.session)
+        return [[by_id[replica_id]] for replica_id in choice.ranked]
 
     def on_request_routed(
         self,
@@ -135,37 +89,29 @@ class ReameRequestRouter(RequestRouter):
         replica_id: ReplicaID,
         result: Any,
     ) -> None:
-        key = _request_key(pending_request)
         request = _forwarded(pending_request)
         if request is None:
             return
+        key = getattr(pending_request.metadata, "internal_request_id", None)
         if request.routable:
             self._state().routed(
                 replica_id.unique_id, request.routed_text, request.session, key, request.id
             )
         else:
             self._state().routed(replica_id.unique_id, "", request=key)
-        if self.line is not None and key is not None:
-            self.line.routed(key)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         # Older Ray Serve releases never call this: Serve's queue-length cache then settles
         # the count (`FleetAffinity.set_queue`).
         self._state().completed(replica_id.unique_id, internal_request_id)
-        if self.line is not None:
-            self.line.changed()
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
         self._state().forget(replica_id.unique_id)
-        if self.line is not None:
-            self.line.changed()
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
         self._state().keep_only(r.replica_id.unique_id for r in replicas)
-        if self.line is not None:
-            self.line.changed()
 
 
 def _forwarded(pending_request: PendingRequest | None) -> ForwardedRequest | None:
@@ -173,10 +119,3 @@ def _forwarded(pending_request: PendingRequest | None) -> ForwardedRequest | Non
         return None
     first = pending_request.args[0]
     return first if isinstance(first, ForwardedRequest) else None
-
-
-def _request_key(pending_request: PendingRequest | None) -> str | None:
-    """Serve's id of the request, the key its completion is reported under."""
-    if pending_request is None:
-        return None
-    return getattr(pending_request.metadata, "internal_request_id", None)
