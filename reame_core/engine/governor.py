@@ -111,7 +111,9 @@ class SourceState:
     calibration: Calibration = field(default_factory=lambda: Calibration(DECAY))
     gain: float | None = None  # as of the last report
     enabled: bool = True  # its drafts pay over all requests (or nothing is known yet)
-    state: str = "new"  # new, drafting, watched (asked every step), probed, too dear, failed
+    # new, drafting, watched (asked every step), probed, timing (its price being confirmed),
+    # too dear, failed
+    state: str = "new"
     reason: str = "no drafts yet"
 
     @property
@@ -784,6 +786,14 @@ class Governor:
         if gain is None:
             state.enabled, state.state = True, "new"
             state.reason = "decode cost not measured yet"
+        elif best is not None and best <= 1.0 and state.cost.timed and not state.cost.settled:
+            # Too few calls timed to condemn it (one may have met a busy neighbour): it is
+            # asked again at once, to confirm its price.
+            state.enabled, state.state = True, "timing"
+            state.reason = (
+                f"at most {best:.2f}x even if every draft came true, at "
+                f"{state.cost.typical() * 1000:.1f} ms a call: timed again before it is judged"
+            )
         elif best is not None and best <= 1.0:
             state.enabled, state.state = False, "too dear"
             state.reason = (

@@ -965,6 +965,20 @@ def test_a_source_found_too_dear_is_timed_anew_long_after() -> None:
     assert later == list(range(later[0], RETIME_AFTER + 40))
 
 
+def test_a_source_priced_out_before_its_price_settles_is_reported_as_being_timed() -> None:
+    # Its calls take three plain steps each: too dear once enough of them are timed, and
+    # until then asked again at once to confirm it, which is what the report says.
+    governor, seq = scripted_governor(), Decoding()
+    slow = 3 * pass_seconds(1)
+    states = []
+    for _ in range(1 + SETTLED_CALLS):
+        step(governor, [seq], seconds=slow)
+        states.append(governor.report()["sources"][0]["state"])
+
+    assert states[1:-1] and set(states[1:-1]) == {"timing"}
+    assert states[-1] == "too dear"
+
+
 def test_a_source_priced_out_by_the_figure_it_gave_is_asked_for_a_new_one_long_after() -> None:
     # It said a call costs ten plain steps (timed beside a busy neighbour): never asked.
     # Long after, it is asked to measure itself again, and once it says it is cheap it is.
