@@ -239,3 +239,23 @@ def encode_chat(
     if model.add_bos and model.bos is not None and (not tokens or tokens[0] != model.bos):
         tokens.insert(0, model.bos)
     return tokens
+
+
+def user_turn_opening(model: ModelInfo) -> tuple[int, ...]:
+    """The tokens that open a user's turn after an earlier turn's end-of-turn token, before
+    its text: the same whatever the text says (ChatML's newline, `<|im_start|>user` and
+    newline). Empty where the template writes no turn before the user's (a system message
+    folded into the first user turn) or no such constant opening."""
+    first, second = (
+        encode_chat(
+            model,
+            [{"role": "system", "content": "S"}, {"role": "user", "content": text}],
+            add_generation_prompt=False,
+        )
+        for text in ("Alpha", "Omega")
+    )
+    shared = 0
+    while shared < min(len(first), len(second)) and first[shared] == second[shared]:
+        shared += 1
+    turn_end = next((i + 1 for i in range(shared) if first[i] in model.eog), None)
+    return () if turn_end is None else tuple(first[turn_end:shared])

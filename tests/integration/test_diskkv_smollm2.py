@@ -19,7 +19,7 @@ import pytest
 from served import reame_serve
 
 from reame_core.backend.llama import LlamaBackend
-from reame_core.chat import encode_chat
+from reame_core.chat import encode_chat, user_turn_opening
 from reame_core.engine.engine import Engine
 from reame_core.engine.slots import common_prefix
 from reame_core.plugins import PluginHost
@@ -112,9 +112,13 @@ def test_system_prompt_restored_from_disk_gives_the_cold_tokens(
     end_of_turn = backend.tokenize("<|im_end|>", add_special=False, parse_special=True)
     system_end = prompts[0].index(end_of_turn[0]) + 1
     assert system_end > 200
+    # The snapshot takes in the user turn's opening that follows (`<|im_start|>user`).
+    opening = backend.tokenize("\n<|im_start|>user\n", add_special=False, parse_special=True)
+    assert user_turn_opening(backend.info) == tuple(opening)
+    shared = system_end + len(opening)
     for cold_run, warm_run in zip(cold, warm, strict=True):
         assert cold_run.usage.cached_tokens == 0
-        assert warm_run.usage.restored_tokens == system_end - system_end % backend.info.chunk_grid
+        assert warm_run.usage.restored_tokens == shared - shared % backend.info.chunk_grid
         assert tokens_of(warm_run) == tokens_of(cold_run)
 
 

@@ -22,6 +22,7 @@ server serves without the disk cache.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,6 +31,8 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
+from reame_core.chat import user_turn_opening
+from reame_core.errors import RequestError
 from reame_core.hookspecs import hookimpl
 from reame_core.hooktypes import DISK_FAULTS, DiskNeed, ModelInfo, PrefixHit
 from reame_core.settings import Settings
@@ -68,6 +71,7 @@ class DiskPrefixCache:
         self._owner = new_owner()  # whose promises are this process's
         self._promised: dict[str, set[str]] = {}  # a request's id: its promises' keys
         self._holders: dict[str, set[str]] = {}  # a promise's key: the requests that made it
+        self._openings: dict[str, tuple[int, ...]] = {}  # a model's fingerprint: `_opening`
 
     # ------------------------------------------------------------ command line
 
@@ -194,7 +198,9 @@ class DiskPrefixCache:
         reader, writer = self._reader, self._writer
         if reader is None or writer is None or writer.paused:
             return []
-        points = self._policy.points(tokens, model.eog, session=session is not None)
+        points = self._policy.points(
+            tokens, model.eog, session=session is not None, opening=self._opening(model)
+        )
         if not points:
             return []
         try:
@@ -321,6 +327,20 @@ class DiskPrefixCache:
                 reader.reopen()
             except (OSError, sqlite3.Error) as error:
                 self._say_lookup_failed(error)
+
+    def _opening(self, model: ModelInfo) -> tuple[int, ...]:
+        """The tokens a user's turn opens with in `model`'s template (`SnapshotPolicy`),
+        worked out once per model; none where its state cannot be cut back to serve a
+        prompt that goes on otherwise."""
+        opening = self._openings.get(model.fingerprint)
+        if opening is None:
+            opening = ()
+            if model.prefix_trim_safe:
+                # A template may refuse a system message: then no opening.
+                with contextlib.suppress(RequestError):
+                    opening = user_turn_opening(model)
+            self._openings[model.fingerprint] = opening
+        return opening
 
     def _say_lookup_failed(self, error: OSError | sqlite3.Error) -> None:
         self._read_counters.index_errors += 1

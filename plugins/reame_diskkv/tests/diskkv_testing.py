@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from reame_core.backend.fake import IM_END, FakeBackend
+from reame_core.backend.fake import IM_END, IM_START, FakeBackend
 from reame_core.engine.engine import Engine
 from reame_core.request import FinishEvent, GenerationRequest, SamplingParams
 from reame_diskkv.plugin import DiskPrefixCache
@@ -64,9 +64,13 @@ class CachedEngine:
 StartCache = Callable[..., CachedEngine]
 
 
-def system_length(prompt: Sequence[int]) -> int:
-    """Tokens of a chat prompt up to and including the end of its system message."""
-    return list(prompt).index(IM_END) + 1
+def opening_length(prompt: Sequence[int]) -> int:
+    """Tokens of a chat prompt that every question after its system message shares: through
+    the end of the system message and the user turn's opening, `\n<|im_start|>user\n`."""
+    end = list(prompt).index(IM_END) + 1
+    opening = [ord("\n"), IM_START, *b"user\n"]
+    assert list(prompt[end : end + len(opening)]) == opening
+    return end + len(opening)
 
 
 def entry_files(cache_dir: Path) -> list[Path]:

@@ -35,6 +35,32 @@ def test_conversations_add_the_end_of_a_sessions_last_turn() -> None:
     assert off.points(chat(300, 40, 60, 20), EOT, session=True) == [300]
 
 
+OPENING = (3, 4, 5)  # the tokens a user's turn opens with, in these prompts
+
+
+def opened(*turn_lengths: int, tail: int = 5) -> list[int]:
+    """`chat`, each turn after the first opening as a user's does."""
+    tokens: list[int] = []
+    for i, length in enumerate(turn_lengths):
+        opening = list(OPENING) if i else []
+        tokens += opening + [1] * (length - len(opening) - 1) + [END]
+    return tokens + [2] * tail
+
+
+def test_a_turn_end_followed_by_a_users_opening_is_snapshot_past_it() -> None:
+    policy = SnapshotPolicy(turns=1, min_tokens=64, conversations=True)
+
+    assert policy.points(opened(300, 40), EOT, opening=OPENING) == [303]
+    assert policy.points(opened(300, 40), EOT) == [300]  # no opening known
+    assert policy.points(chat(300, 40), EOT, opening=OPENING) == [300]  # another follows
+    # A session's conversation so far ends with its last turn, where the assistant's
+    # turn opens, not a user's: there the point stays.
+    assert policy.points(opened(300, 40, 60), EOT, session=True, opening=OPENING) == [303, 400]
+    # Never into the two tokens the engine always computes.
+    assert policy.points([*chat(300, tail=0), *OPENING, 1], EOT, opening=OPENING) == [300]
+    assert policy.points([*chat(300, tail=0), *OPENING, 1, 1], EOT, opening=OPENING) == [303]
+
+
 def test_turn_shorter_than_the_minimum_is_not_stored() -> None:
     assert SnapshotPolicy(turns=2, min_tokens=128).points(chat(100, 60), EOT) == [160]
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 import structlog
-from diskkv_testing import StartCache, entry_files, system_length, temp_files
+from diskkv_testing import SYSTEM, StartCache, entry_files, opening_length, temp_files
 
+from reame_core.backend.fake import IM_END
 from reame_core.engine.slots import common_prefix
 from reame_core.request import FinishEvent
 from reame_diskkv.entry_format import read_header
@@ -42,7 +43,7 @@ def test_restarted_engine_restores_the_system_prompt_and_answers_identically(
     warm = second.generate(prompt)
 
     assert tokens_of(warm) == tokens_of(cold) == second.reference(prompt)
-    assert warm.usage.restored_tokens == warm.usage.cached_tokens == system_length(prompt)
+    assert warm.usage.restored_tokens == warm.usage.cached_tokens == opening_length(prompt)
     assert second.stats()["hits"] == 1
 
 
@@ -57,7 +58,7 @@ def test_other_question_after_the_same_system_prompt_restores_it(
     warm = second.generate(prompt)
 
     assert tokens_of(warm) == second.reference(prompt)
-    assert warm.usage.restored_tokens == system_length(prompt)
+    assert warm.usage.restored_tokens == opening_length(prompt)
 
 
 def test_longer_snapshot_serves_a_shorter_shared_prefix_by_trimming(
@@ -78,6 +79,29 @@ def test_longer_snapshot_serves_a_shorter_shared_prefix_by_trimming(
     assert warm.usage.restored_tokens == shared
 
 
+def test_a_prompt_whose_next_turn_is_not_the_users_restores_the_system_prompt(
+    start_cache: StartCache,
+) -> None:
+    # The snapshot takes in the user turn's opening; a prompt whose next turn is the
+    # assistant's (an example answer) shares all but that, and restores it cut back.
+    first = start_cache()
+    earlier = first.chat(QUESTION)
+    first.generate(earlier)
+    second = start_cache()
+    text = (
+        f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>assistant\nAye.<|im_end|>\n"
+        f"<|im_start|>user\n{QUESTION}<|im_end|>\n<|im_start|>assistant\n"
+    )
+    prompt = second.backend.tokenize(text, add_special=True, parse_special=True)
+
+    warm = second.generate(prompt)
+
+    assert tokens_of(warm) == second.reference(prompt)
+    # Shared: the system message, its end, the newline and `<|im_start|>`.
+    shared = earlier.index(IM_END) + 3
+    assert warm.usage.restored_tokens == common_prefix(earlier, prompt) == shared
+
+
 def test_model_that_cannot_be_trimmed_restores_only_whole_stored_prefixes(
     start_cache: StartCache,
 ) -> None:
@@ -89,7 +113,9 @@ def test_model_that_cannot_be_trimmed_restores_only_whole_stored_prefixes(
     warm = second.generate(prompt)
 
     assert tokens_of(warm) == second.reference(prompt)
-    assert warm.usage.restored_tokens == system_length(prompt)
+    # Its snapshot ends with the system message: one taking in the user turn's opening
+    # could not serve a prompt whose next turn is another's.
+    assert warm.usage.restored_tokens == prompt.index(IM_END) + 1
 
 
 def test_model_that_cannot_be_trimmed_never_restores_a_longer_snapshot(
@@ -115,7 +141,7 @@ def test_prefix_held_in_a_slot_is_not_read_from_disk(start_cache: StartCache) ->
 
     again = running.generate(prompt)
 
-    assert again.usage.cached_tokens >= system_length(prompt)
+    assert again.usage.cached_tokens >= opening_length(prompt)
     assert again.usage.restored_tokens == 0
     assert running.stats()["bytes_read"] == 0
 
@@ -234,7 +260,7 @@ def test_damaged_entry_is_counted_deleted_and_computed_again(
     assert result.usage.cached_tokens == 0
     assert second.stats()["corrupt"] == 1
     assert entry.read_bytes() != bytes(data)  # deleted, then stored again intact
-    assert start_cache().generate(prompt).usage.restored_tokens == system_length(prompt)
+    assert start_cache().generate(prompt).usage.restored_tokens == opening_length(prompt)
 
 
 @pytest.mark.parametrize("kept", [0, 20, 200, -1], ids=["empty", "header", "middle", "end"])
@@ -336,8 +362,8 @@ def test_an_engine_behind_a_prefix_another_is_computing_waits_and_restores_it(
 
     assert first.stats()["promises_made"] == 1
     assert second.engine.stats.prefix_waits == 1
-    assert behind.usage.restored_tokens == system_length(other)
-    assert second.engine.stats.prefill_tokens == len(other) - system_length(other)
+    assert behind.usage.restored_tokens == opening_length(other)
+    assert second.engine.stats.prefill_tokens == len(other) - opening_length(other)
     assert tokens_of(behind) == second.reference(other)
     assert tokens_of(done[0]) == first.reference(prompt)
 
@@ -347,7 +373,7 @@ def test_a_prefix_two_requests_promised_stays_promised_until_both_let_go(
 ) -> None:
     here, elsewhere = start_cache(), start_cache()
     prompt = here.chat(QUESTION)
-    point = system_length(prompt)
+    point = opening_length(prompt)
     model = here.backend.info
 
     def seen() -> int | None:
@@ -371,7 +397,7 @@ def test_a_prefix_the_writer_refuses_is_no_longer_promised_by_this_process_only(
 ) -> None:
     here, elsewhere, third = start_cache(), start_cache(), start_cache()
     prompt = here.chat(QUESTION)
-    point = system_length(prompt)
+    point = opening_length(prompt)
     model = here.backend.info
     for running in (here, elsewhere):
         running.cache.reame_prefix_computing(
