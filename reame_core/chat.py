@@ -26,6 +26,7 @@ from typing import Any
 from jinja2 import TemplateError, meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from reame_core.engine.slots import common_prefix
 from reame_core.errors import RequestError
 from reame_core.hooktypes import ModelInfo
 from reame_core.tools import FunctionTool, ToolUse, call_text, instructions, response_text
@@ -254,8 +255,6 @@ def user_turn_opening(model: ModelInfo) -> tuple[int, ...]:
         )
         for text in ("Alpha", "Omega")
     )
-    shared = 0
-    while shared < min(len(first), len(second)) and first[shared] == second[shared]:
-        shared += 1
+    shared = common_prefix(first, second)
     turn_end = next((i + 1 for i in range(shared) if first[i] in model.eog), None)
     return () if turn_end is None else tuple(first[turn_end:shared])

@@ -786,22 +786,21 @@ class Governor:
         if gain is None:
             state.enabled, state.state = True, "new"
             state.reason = "decode cost not measured yet"
-        elif best is not None and best <= 1.0 and state.cost.timed and not state.cost.settled:
-            # Too few calls timed to condemn it (one may have met a busy neighbour): it is
-            # asked again at once, to confirm its price.
-            state.enabled, state.state = True, "timing"
-            state.reason = (
-                f"at most {best:.2f}x even if every draft came true, at "
-                f"{state.cost.typical() * 1000:.1f} ms a call: timed again before it is judged"
-            )
         elif best is not None and best <= 1.0:
-            state.enabled, state.state = False, "too dear"
-            state.reason = (
+            priced = (
                 f"at most {best:.2f}x even if every draft came true, at "
-                f"{state.cost.typical() * 1000:.1f} ms a call: not asked"
+                f"{state.cost.typical() * 1000:.1f} ms a call"
             )
-            if state.cost.given:
-                state.reason += f" (its cost is asked anew after {RETIME_AFTER} steps)"
+            if state.cost.timed and not state.cost.settled:
+                # Too few calls timed to condemn it (one may have met a busy neighbour): it
+                # is asked again at once, to confirm its price.
+                state.enabled, state.state = True, "timing"
+                state.reason = f"{priced}: timed again before it is judged"
+            else:
+                state.enabled, state.state = False, "too dear"
+                state.reason = f"{priced}: not asked"
+                if state.cost.given:
+                    state.reason += f" (its cost is asked anew after {RETIME_AFTER} steps)"
         elif not state.acceptance.reached:
             state.enabled, state.state = True, "new"
             state.reason = "no drafts yet"
