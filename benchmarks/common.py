@@ -205,19 +205,20 @@ def wait_healthy(url: str, seconds: float = 60.0) -> bool:
 
 def stock_environment() -> dict[str, str]:
     """This process's environment without Reame's switches of its build's patches
-    (row-exact attention, AMX row kernels and wide products, huge pages, kept graphs, KV
-    regions; set by any process that loaded llama.cpp through Reame): llama-server, built
+    (row-exact attention, AMX row kernels and wide products, row groups, huge pages, kept
+    graphs, KV regions; set by any process that loaded llama.cpp through Reame): llama-server, built
     from the same patched source, then runs llama.cpp's own ways, as its users run it."""
     from reame_core.backend.llama import (
         GRAPH_CACHE_ENV,
         GRAPH_CACHE_TOKENS_ENV,
         HUGEPAGES_ENV,
+        K_QUANT_ROW_GROUPS_ENV,
         KV_REGIONS_ENV,
         Q4_1_ROW_GROUPS_ENV,
     )
 
     switches = (
-        ROW_EXACT_ENV, AMX_ROWS_ENV, AMX_WIDE_M_ENV, Q4_1_ROW_GROUPS_ENV,
+        ROW_EXACT_ENV, AMX_ROWS_ENV, AMX_WIDE_M_ENV, Q4_1_ROW_GROUPS_ENV, K_QUANT_ROW_GROUPS_ENV,
         HUGEPAGES_ENV, GRAPH_CACHE_ENV, GRAPH_CACHE_TOKENS_ENV, KV_REGIONS_ENV,
     )  # fmt: skip
     return {name: value for name, value in os.environ.items() if name not in switches}

@@ -19,12 +19,17 @@ and with ggml's own choice (the switch at 1: every product of two rows or more i
 `--rounds` processes of each, medians over all their repetitions. With
 --compare-q4_1-row-groups (Q4_1 weights where no repacked or AMX kernel takes them, as on an
 AVX2 CPU) likewise, Reame's row groups (`Q4_1_ROW_GROUPS_ENV`,
-scripts/patches/ggml-q4_1-row-groups.patch) against ggml's one row at a time. `--sizes`
-replaces the pass sizes (prompt chunks too: a pass of 512 tokens is one of a prompt's).
+scripts/patches/ggml-q4_1-row-groups.patch) against ggml's one row at a time. With
+--compare-k-quant-row-groups (Q4_K and Q6_K weights where no AMX kernel takes them: x86 with
+AVX2) likewise, Reame's K-quant row groups (`K_QUANT_ROW_GROUPS_ENV`,
+scripts/patches/ggml-k-quant-row-groups.patch) against ggml's 4-row, tiled and one-row
+kernels. `--sizes` replaces the pass sizes (prompt chunks too: a pass of 512 tokens is one
+of a prompt's).
 
     .venv/bin/python benchmarks/pass_cost.py [--model PATH] [--reps 7] [--name pass_cost]
     .venv/bin/python benchmarks/pass_cost.py --compare-amx-tiles [--rounds 3] [--reps 5]
     .venv/bin/python benchmarks/pass_cost.py --compare-q4_1-row-groups [--sizes 1 2 4 64 512]
+    .venv/bin/python benchmarks/pass_cost.py --compare-k-quant-row-groups --model qwen2.5-coder-1.5b
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from reame_core.backend.llama import Q4_1_ROW_GROUPS_ENV
+from reame_core.backend.llama import K_QUANT_ROW_GROUPS_ENV, Q4_1_ROW_GROUPS_ENV
 from reame_core.backend.probe_child import AMX_ROWS_ENV
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -92,10 +97,13 @@ CONFIGS = {
     "ggml-tiles": (AMX_ROWS_ENV, "1"),  # every product of two rows or more in AMX tiles
     "row-groups": (Q4_1_ROW_GROUPS_ENV, None),
     "one-row": (Q4_1_ROW_GROUPS_ENV, "0"),
+    "k-quant-row-groups": (K_QUANT_ROW_GROUPS_ENV, None),
+    "ggml-k-quant": (K_QUANT_ROW_GROUPS_ENV, "0"),  # ggml's 4-row, tiled and one-row kernels
 }
 COMPARISONS = {
     "amx_tiles": ("row-kernels", "ggml-tiles", "tiles_over_row_kernels"),
     "q4_1_row_groups": ("row-groups", "one-row", "one_row_over_row_groups"),
+    "k_quant_row_groups": ("k-quant-row-groups", "ggml-k-quant", "ggml_over_row_groups"),
 }
 
 
@@ -135,6 +143,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--compare-amx-tiles", action="store_true")
     parser.add_argument("--compare-q4_1-row-groups", action="store_true")
+    parser.add_argument("--compare-k-quant-row-groups", action="store_true")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("--rounds", type=int, default=3, help="processes per configuration")
     parser.add_argument("--name", default="pass_cost", help="results file name (no extension)")
@@ -161,6 +170,7 @@ def main() -> None:
     comparison = (
         "amx_tiles" if args.compare_amx_tiles
         else "q4_1_row_groups" if args.compare_q4_1_row_groups
+        else "k_quant_row_groups" if args.compare_k_quant_row_groups
         else None
     )  # fmt: skip
     report["sizes"] = list(sizes)

@@ -17,7 +17,7 @@ from reame_core.autoconfig.facts import read_host_facts
 from reame_core.autoconfig.plan import HostPlan, plan_host
 from reame_core.backend.attention_timing import time_attention
 from reame_core.backend.base import Backend
-from reame_core.backend.pass_check import PassCheck, check_passes
+from reame_core.backend.pass_check import TOKENS, PassCheck, check_passes
 from reame_core.backend.probe import (
     BuildVerdict,
     attention_facts,
@@ -189,5 +189,10 @@ def determinism_note(settings: Settings, passes: PassCheck | None = None) -> str
         return (
             f"{exact}, and a row's logits do not depend on the pass computing it ({checked}): "
             "generated tokens are reused as computed, and speculative verification is exact too"
+        )
+    if passes.steps_exact:
+        return (
+            f"{recomputed}; speculative verification is exact ({checked}: a row's logits do not "
+            f"depend on passes of up to {TOKENS} tokens, only on prompt chunks)"
         )
     return f"{recomputed}; speculative verification is exact only up to near-ties ({checked})"

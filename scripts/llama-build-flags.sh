@@ -60,6 +60,15 @@
 # the rows go in groups of up to 8, each block unpacked once for the group; each row is
 # computed with the operations of a one-row product, in the same order. Reame sets the
 # switch; llama-server keeps ggml's kernel.
+#
+# On every host the source gets patches/ggml-k-quant-row-groups.patch: where no AMX kernel
+# takes K-quant weights (x86 with AVX2), ggml multiplies repacked Q4_K weights with 4 rows at
+# a time and the rest one by one, and Q6_K weights (no repacked kernel on x86) one row after
+# another up to 7 rows and in its tiled kernel from 8; the 4-row and tiled kernels give a row
+# other logits than a one-row product, and the tiled one cost more at 8 to 16 rows than one
+# row after another. With GGML_K_QUANT_ROW_GROUPS=N products of 2 to N rows go in groups of up
+# to 8, each block of the weights unpacked once for the group; each row is computed as a
+# one-row product computes it. Reame sets the switch; llama-server keeps ggml's kernels.
 
 cpu_flags=$(grep -m1 -E '^(flags|Features)' "${REAME_CPUINFO:-/proc/cpuinfo}" || true)
 cmake_args="-DGGML_NATIVE=ON"
@@ -69,6 +78,7 @@ patches=(
     "$here/patches/ggml-hugepages.patch"
     "$here/patches/llama-kv-seq-regions.patch"
     "$here/patches/ggml-q4_1-row-groups.patch"
+    "$here/patches/ggml-k-quant-row-groups.patch"
 )
 if [[ $(uname -m) == x86_64 ]]; then
     if [[ " $cpu_flags " == *" amx_int8 "* && ${REAME_NO_AMX:-0} != 1 ]]; then

@@ -84,6 +84,15 @@ HUGEPAGES_ENV = "GGML_HUGEPAGES"
 # every row bit-identical to a one-row product. Read once per process.
 Q4_1_ROW_GROUPS_ENV = "GGML_Q4_1_ROW_GROUPS"
 
+# Products of 2 to `K_QUANT_ROW_GROUPS` rows with K-quant weights where no AMX kernel takes
+# them (repacked Q4_K, Q6_K; x86 with AVX2): each block of the weights unpacked once for up
+# to eight rows, every row bit-identical to a one-row product, where ggml's 4-row and tiled
+# kernels give rows other logits (scripts/patches/ggml-k-quant-row-groups.patch). Up to a
+# draft of `Settings.draft_max`'s default verified with the token after it. Read once per
+# process.
+K_QUANT_ROW_GROUPS_ENV = "GGML_K_QUANT_ROW_GROUPS"
+K_QUANT_ROW_GROUPS = 17
+
 # Graphs llama.cpp keeps besides the last decode's (scripts/patches/llama-graph-cache.patch):
 # it reuses a decode's graph only when the decode before had the same shape, and a draft
 # verified between plain steps changes the shape at almost every step. With the switch it
@@ -342,6 +351,7 @@ class LlamaBackend:
         os.environ.setdefault(AMX_WIDE_M_ENV, "1")
         os.environ.setdefault(HUGEPAGES_ENV, "1")
         os.environ.setdefault(Q4_1_ROW_GROUPS_ENV, "1")
+        os.environ.setdefault(K_QUANT_ROW_GROUPS_ENV, str(K_QUANT_ROW_GROUPS))
         model_params = llama_cpp.llama_model_default_params()
         # False keeps weights out of CPU_REPACK and AMX buffers: the build check's fallback
         # where the default load crashes (reame_core/backend/probe.py).

@@ -60,6 +60,12 @@ class PassCheck(BaseModel):
     differing: tuple[int, ...]
     checked_at: float
 
+    @property
+    def steps_exact(self) -> bool:
+        """Passes of up to `TOKENS` tokens (a draft verified, sequences decoded together) give
+        the compared rows the logits of one-token steps, whatever prompt chunks give them."""
+        return all(size in CHUNK_SIZES for size in self.differing)
+
 
 def check_path(cache_dir: Path, fingerprint: str) -> Path:
     return verdicts_dir(cache_dir) / f"passes-v{VERSION}-{fingerprint}.json"

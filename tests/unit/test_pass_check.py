@@ -14,6 +14,8 @@ from reame_core.backend.fake import FakeBackend
 from reame_core.backend.pass_check import (
     CHUNK_SIZES,
     SEQ,
+    STEP_SIZES,
+    TOKENS,
     PassCheck,
     check_passes,
     check_path,
@@ -156,6 +158,13 @@ def test_a_backend_too_small_for_the_check_is_not_checked_but_reads_a_kept_answe
     assert small.decode_calls == 0
 
 
+def test_steps_are_exact_where_only_prompt_chunks_differ() -> None:
+    assert passes(True).steps_exact
+    assert PassCheck(exact=False, differing=CHUNK_SIZES, checked_at=0.0).steps_exact
+    assert not PassCheck(exact=False, differing=(STEP_SIZES[-1],), checked_at=0.0).steps_exact
+    assert not PassCheck(exact=False, differing=(1,), checked_at=0.0).steps_exact  # not numbers
+
+
 def passes(exact: bool) -> PassCheck:
     return PassCheck(exact=exact, differing=() if exact else (4,), checked_at=0.0)
 
@@ -170,6 +179,12 @@ def test_the_guarantees_say_what_the_check_found() -> None:
     drifting = determinism_note(settings, passes(False))
     assert "reused only once recomputed as a prompt chunk" in drifting
     assert drifting.endswith("exact only up to near-ties (checked for this model, build and CPU)")
+    steps_only = determinism_note(
+        settings, PassCheck(exact=False, differing=CHUNK_SIZES[1:], checked_at=0.0)
+    )
+    assert "reused only once recomputed as a prompt chunk" in steps_only
+    assert "speculative verification is exact (checked for this model, build and CPU" in steps_only
+    assert f"passes of up to {TOKENS} tokens, only on prompt chunks" in steps_only
     unchecked = determinism_note(settings)
     assert unchecked.endswith("exact at least up to near-ties (not checked for this model)")
     assert determinism_note(Settings(deterministic=False)).startswith("fast mode")

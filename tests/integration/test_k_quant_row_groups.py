@@ -1,0 +1,131 @@
+"""Where no AMX kernel takes K-quant weights (x86 with AVX2), Reame's build multiplies repacked
+Q4_K and Q6_K weights with 2 to `K_QUANT_ROW_GROUPS` rows in groups, each block of the
+weights unpacked once for up to eight rows (scripts/patches/ggml-k-quant-row-groups.patch,
+`GGML_K_QUANT_ROW_GROUPS`), where ggml's 4-row and tiled kernels give a row other logits than
+a one-row product. Every output must be bit-identical to ggml's one-row product: checked on
+the Q6_K kernel itself against ggml's dot product on random blocks of every group shape, and
+on Qwen2.5-Coder-0.5B and Gemma 3 270M (Q4_K and Q6_K weights): with the switch, every row
+of a pass of up to 13 tokens gets the logits of one-token steps; without it, passes of one
+to three tokens (one row after another in ggml) get the same logits as with it. Each
+setting in a process of its own, since ggml reads the switch once per process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from switched import saved_logits
+from test_row_kernels import PASSES, logits_by_pass
+
+from reame_core.backend.llama import K_QUANT_ROW_GROUPS, K_QUANT_ROW_GROUPS_ENV
+from reame_core.backend.pass_check import TOKENS
+from reame_core.backend.probe import BuildVerdict, cpu_flags
+from reame_core.settings import Settings
+
+QK_K = 256  # values per block
+Q6_K = np.dtype(
+    [("ql", "u1", QK_K // 2), ("qh", "u1", QK_K // 4), ("scales", "i1", QK_K // 16), ("d", "<f2")]
+)
+Q8_K = np.dtype([("d", "<f4"), ("qs", "i1", QK_K), ("bsums", "<i2", QK_K // 16)])
+
+
+def _needs_avx2() -> None:
+    if "avx2" not in cpu_flags():
+        pytest.skip("the K-quant row groups are built for x86 CPUs with AVX2")
+
+
+@pytest.fixture(scope="module")
+def ggml_cpu() -> ctypes.CDLL:
+    _needs_avx2()
+    import llama_cpp
+
+    library = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-cpu.so"))
+    size = ctypes.c_size_t
+    library.ggml_vec_dot_q6_K_q8_K.restype = None
+    library.ggml_vec_dot_q6_K_q8_K.argtypes = [
+        ctypes.c_int, ctypes.c_void_p, size, ctypes.c_void_p, size, ctypes.c_void_p, size,
+        ctypes.c_int,
+    ]  # fmt: skip
+    library.ggml_gemm_q6_K_q8_K_rows.restype = None
+    library.ggml_gemm_q6_K_q8_K_rows.argtypes = [
+        ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, size,
+        ctypes.c_void_p, size, ctypes.c_void_p, size,
+    ]  # fmt: skip
+    return library
+
+
+def _q6_k(rng: np.random.Generator, rows: int, blocks: int) -> np.ndarray:
+    weights = np.zeros((rows, blocks), Q6_K)
+    weights["ql"] = rng.integers(0, 256, (*weights.shape, QK_K // 2))
+    weights["qh"] = rng.integers(0, 256, (*weights.shape, QK_K // 4))
+    weights["scales"] = rng.integers(-128, 128, (*weights.shape, QK_K // 16))
+    weights["d"] = rng.uniform(1e-4, 2e-2, weights.shape)
+    return weights
+
+
+def _q8_k(rng: np.random.Generator, rows: int, blocks: int) -> np.ndarray:
+    """src1 rows quantized as ggml quantizes them for a K-quant product (bsums: sums of 16)."""
+    values = np.zeros((rows, blocks), Q8_K)
+    values["qs"] = rng.integers(-127, 128, (*values.shape, QK_K))
+    values["d"] = rng.uniform(1e-3, 5e-2, values.shape)
+    values["bsums"] = values["qs"].reshape(rows, blocks, QK_K // 16, 16).sum(axis=-1)
+    return values
+
+
+@pytest.mark.parametrize("blocks", [1, 6, 35])
+@pytest.mark.parametrize("row_count", [2, 3, 7, 8, 9, 16, 17])
+def test_every_q6_k_output_is_the_one_row_dot_product_bit_for_bit(
+    ggml_cpu: ctypes.CDLL, blocks: int, row_count: int
+) -> None:
+    rng = np.random.default_rng(blocks * 100 + row_count)
+    weights = _q6_k(rng, 19, blocks)
+    rows = _q8_k(rng, row_count, blocks)
+    out = np.full((row_count, len(weights)), np.nan, np.float32)
+    ggml_cpu.ggml_gemm_q6_K_q8_K_rows(
+        blocks * QK_K, len(weights), row_count, out.ctypes.data, len(weights),
+        weights.ctypes.data, weights.strides[0], rows.ctypes.data, rows.strides[0],
+    )  # fmt: skip
+    expected = np.zeros_like(out)
+    for c in range(row_count):
+        for r in range(len(weights)):
+            ggml_cpu.ggml_vec_dot_q6_K_q8_K(
+                blocks * QK_K, expected[c, r:].ctypes.data, 0, weights[r].ctypes.data, 0,
+                rows[c].ctypes.data, 0, 1,
+            )  # fmt: skip
+    assert np.isfinite(expected).all()
+    assert np.array_equal(out.view(np.uint32), expected.view(np.uint32))
+
+
+def test_the_groups_cover_a_default_draft_verified_with_the_token_after_it() -> None:
+    assert K_QUANT_ROW_GROUPS == Settings().draft_max + 1 == TOKENS
+
+
+@pytest.mark.parametrize(
+    "model",
+    [pytest.param("qwen", marks=pytest.mark.qwen), pytest.param("gemma", marks=pytest.mark.gemma)],
+)
+def test_rows_of_a_pass_get_the_logits_of_one_token_steps(
+    model: str, build_check: BuildVerdict, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    _needs_avx2()
+    if "AMX" in (build_check.fact("buffers") or {}):
+        pytest.skip("K-quant weights are in ggml's AMX buffer here, off this path")
+    path = request.getfixturevalue("qwen_coder_05b_path" if model == "qwen" else "gemma_path")
+    assert max(PASSES) <= K_QUANT_ROW_GROUPS
+    on = saved_logits(
+        __file__, path, tmp_path / "on.npy", K_QUANT_ROW_GROUPS_ENV, str(K_QUANT_ROW_GROUPS)
+    )
+    off = saved_logits(__file__, path, tmp_path / "off.npy", K_QUANT_ROW_GROUPS_ENV, "0")
+    one_token_steps = on[0]
+    for index, size in enumerate(PASSES):
+        assert np.array_equal(on[index].view(np.uint32), one_token_steps.view(np.uint32)), size
+        if size <= 3:  # ggml's own kernels multiply such passes one row after another
+            assert np.array_equal(off[index].view(np.uint32), on[index].view(np.uint32)), size
+
+
+if __name__ == "__main__":
+    logits_by_pass(sys.argv[1], sys.argv[2])
