@@ -11,6 +11,7 @@ docs/ARCHITECTURE.md, "Determinism").
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import threading
@@ -30,6 +31,7 @@ from reame_core.backend.base import (
     equal_split_passes,
     simple_split_passes,
 )
+from reame_core.backend.probe import llama_library_dir
 from reame_core.backend.probe_child import AMX_ROWS, AMX_ROWS_ENV, AMX_WIDE_M_ENV, ROW_EXACT_ENV
 from reame_core.environment import variable_set
 from reame_core.errors import ModelLoadError
@@ -57,6 +59,21 @@ llama_cpp.llama_backend_init()
 
 def system_info() -> str:
     return bytes(llama_cpp.llama_print_system_info()).decode()
+
+
+@functools.cache
+def k_quant_row_groups() -> int:
+    """The most rows of a product this process's build takes in K-quant row groups
+    (`K_QUANT_ROW_GROUPS_ENV`, read by ggml once, at the first product or here: so only once
+    `LlamaBackend` has set it): 0 where they are off or the build has none. They compute some
+    products otherwise than ggml's kernels, so a model's fingerprint names them."""
+    directory = llama_library_dir()
+    for path in sorted(directory.glob("libggml-cpu.*")) if directory else ():
+        library = ctypes.CDLL(str(path))
+        if hasattr(library, "ggml_k_quant_row_groups_max"):
+            library.ggml_k_quant_row_groups_max.restype = ctypes.c_int
+            return int(library.ggml_k_quant_row_groups_max())
+    return 0
 
 
 def build_has_llamafile() -> bool:
@@ -491,6 +508,10 @@ class LlamaBackend:
         # So does the chunk grid: it decides how a restored state's tokens were computed.
         parts = [file_digest(self.path), architecture, f"kv={kv_type}", settings_key, build]
         parts.append(f"grid={CHUNK_GRID}")
+        # And Reame's K-quant row groups, where on: they compute products of a few rows
+        # otherwise than the build without them (a restored state would not be a cold one).
+        if rows := k_quant_row_groups():
+            parts.append(f"k-quant-rows={rows}")
         fingerprint = hashlib.sha256("/".join([*parts, "state-v1"]).encode()).hexdigest()[:32]
         extra: dict[str, Any] = {
             "n_params": llama_cpp.llama_model_n_params(self._model),

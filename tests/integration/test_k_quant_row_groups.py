@@ -13,6 +13,8 @@ setting in a process of its own, since ggml reads the switch once per process.
 from __future__ import annotations
 
 import ctypes
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -127,5 +129,38 @@ def test_rows_of_a_pass_get_the_logits_of_one_token_steps(
             assert np.array_equal(off[index].view(np.uint32), on[index].view(np.uint32)), size
 
 
+def _fingerprint(model: Path, switch: str) -> str:
+    done = subprocess.run(
+        [sys.executable, __file__, "--fingerprint", str(model)],
+        env={**os.environ, K_QUANT_ROW_GROUPS_ENV: switch},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
+def test_a_models_fingerprint_names_the_groups_where_they_are_on(
+    gemma_path: Path, build_check: BuildVerdict
+) -> None:
+    # A state restored from the disk cache must equal a cold prefill's, and the groups
+    # compute prompt tails of a few tokens otherwise than ggml's kernels.
+    _needs_avx2()
+    on = _fingerprint(gemma_path, str(K_QUANT_ROW_GROUPS))
+    assert on.endswith(f" {K_QUANT_ROW_GROUPS}")
+    off = _fingerprint(gemma_path, "0")
+    assert off.endswith(" 0")
+    assert on.split()[0] != off.split()[0]
+
+
 if __name__ == "__main__":
-    logits_by_pass(sys.argv[1], sys.argv[2])
+    if sys.argv[1] == "--fingerprint":
+        from reame_core.backend.llama import LlamaBackend, k_quant_row_groups
+
+        backend = LlamaBackend(sys.argv[2], n_ctx_seq=256, n_seq_max=1, n_threads=1)
+        print(backend.info.fingerprint, k_quant_row_groups())
+        backend.close()
+    else:
+        logits_by_pass(sys.argv[1], sys.argv[2])
