@@ -139,7 +139,7 @@ def _fingerprint(model: Path, switch: str) -> str:
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.strip()
+    return done.stdout.strip().splitlines()[-1]  # after the log
 
 
 def test_a_models_fingerprint_names_the_groups_where_they_are_on(
