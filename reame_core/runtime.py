@@ -192,7 +192,8 @@ def determinism_note(settings: Settings, passes: PassCheck | None = None) -> str
         )
     if passes.steps_exact:
         return (
-            f"{recomputed}; speculative verification is exact ({checked}: a row's logits do not "
-            f"depend on passes of up to {TOKENS} tokens, only on prompt chunks)"
+            f"{recomputed}; speculative verification is exact in passes of up to {TOKENS} "
+            f"tokens, a sequence's longest draft ({checked}); larger passes (several sequences "
+            "verifying drafts together, prompt chunks) may differ at near-ties"
         )
     return f"{recomputed}; speculative verification is exact only up to near-ties ({checked})"

@@ -68,9 +68,11 @@ def k_quant_row_groups() -> int:
     `LlamaBackend` has set it): 0 where they are off or the build has none. They compute some
     products otherwise than ggml's kernels, so a model's fingerprint names them."""
     directory = llama_library_dir()
-    for path in sorted(directory.glob("libggml-cpu.*")) if directory else ():
+    for path in sorted(directory.glob("libggml-cpu*")) if directory else ():
         library = ctypes.CDLL(str(path))
-        if hasattr(library, "ggml_k_quant_row_groups_max"):
+        # The kernels exist only where the build has them (x86 with AVX2); the switch's
+        # reader everywhere.
+        if hasattr(library, "ggml_gemm_q6_K_q8_K_rows"):
             library.ggml_k_quant_row_groups_max.restype = ctypes.c_int
             return int(library.ggml_k_quant_row_groups_max())
     return 0

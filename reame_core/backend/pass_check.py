@@ -62,8 +62,9 @@ class PassCheck(BaseModel):
 
     @property
     def steps_exact(self) -> bool:
-        """Passes of up to `TOKENS` tokens (a draft verified, sequences decoded together) give
-        the compared rows the logits of one-token steps, whatever prompt chunks give them."""
+        """The sampled passes of up to `TOKENS` tokens (`STEP_SIZES`: a draft verified,
+        sequences decoded together) give the compared rows the logits of one-token steps,
+        whatever prompt chunks give them."""
         return all(size in CHUNK_SIZES for size in self.differing)
 
 

@@ -3,11 +3,12 @@ Q4_K and Q6_K weights with 2 to `K_QUANT_ROW_GROUPS` rows in groups, each block 
 weights unpacked once for up to eight rows (scripts/patches/ggml-k-quant-row-groups.patch,
 `GGML_K_QUANT_ROW_GROUPS`), where ggml's 4-row and tiled kernels give a row other logits than
 a one-row product. Every output must be bit-identical to ggml's one-row product: checked on
-the Q6_K kernel itself against ggml's dot product on random blocks of every group shape, and
-on Qwen2.5-Coder-0.5B and Gemma 3 270M (Q4_K and Q6_K weights): with the switch, every row
-of a pass of up to 13 tokens gets the logits of one-token steps; without it, passes of one
-to three tokens (one row after another in ggml) get the same logits as with it. Each
-setting in a process of its own, since ggml reads the switch once per process.
+both kernels against ggml's one-row kernels on random blocks of every group shape, and on
+Qwen2.5-Coder-0.5B and Gemma 3 270M: with the switch, every row of a pass of up to 13 tokens
+gets the logits of one-token steps; without it, passes of one to three tokens (one row after
+another in ggml) get the same logits as with it. Each setting in a process of its own, since
+ggml reads the switch once per process. (Those two models' K-quant weights are a few of
+their layers' `ffn_down` and `attn_v`, 9-15% of their bytes; their output layers are Q8_0.)
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from test_row_kernels import PASSES, logits_by_pass
 
 from reame_core.backend.llama import K_QUANT_ROW_GROUPS, K_QUANT_ROW_GROUPS_ENV
 from reame_core.backend.pass_check import TOKENS
-from reame_core.backend.probe import BuildVerdict, cpu_flags
+from reame_core.backend.probe import BuildVerdict, cpu_flags, llama_library_dir
 from reame_core.settings import Settings
 
 QK_K = 256  # values per block
@@ -33,6 +34,8 @@ Q6_K = np.dtype(
     [("ql", "u1", QK_K // 2), ("qh", "u1", QK_K // 4), ("scales", "i1", QK_K // 16), ("d", "<f2")]
 )
 Q8_K = np.dtype([("d", "<f4"), ("qs", "i1", QK_K), ("bsums", "<i2", QK_K // 16)])
+# Eight Q4_K rows interleaved for ggml's repacked kernels (block_q4_Kx8)
+Q4_KX8 = np.dtype([("d", "<f2", 8), ("dmin", "<f2", 8), ("scales", "u1", 96), ("qs", "u1", 1024)])
 
 
 def _needs_avx2() -> None:
@@ -43,9 +46,9 @@ def _needs_avx2() -> None:
 @pytest.fixture(scope="module")
 def ggml_cpu() -> ctypes.CDLL:
     _needs_avx2()
-    import llama_cpp
-
-    library = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-cpu.so"))
+    directory = llama_library_dir()
+    assert directory is not None
+    library = ctypes.CDLL(str(directory / "libggml-cpu.so"))
     size = ctypes.c_size_t
     library.ggml_vec_dot_q6_K_q8_K.restype = None
     library.ggml_vec_dot_q6_K_q8_K.argtypes = [
@@ -57,6 +60,12 @@ def ggml_cpu() -> ctypes.CDLL:
         ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, size,
         ctypes.c_void_p, size, ctypes.c_void_p, size,
     ]  # fmt: skip
+    for name in ("ggml_gemv_q4_K_8x8_q8_K", "ggml_gemv_q4_K_8x8_q8_K_rows"):
+        getattr(library, name).restype = None
+        getattr(library, name).argtypes = [
+            ctypes.c_int, ctypes.c_void_p, size, ctypes.c_void_p, ctypes.c_void_p,
+            ctypes.c_int, ctypes.c_int,
+        ]  # fmt: skip
     return library
 
 
@@ -79,7 +88,7 @@ def _q8_k(rng: np.random.Generator, rows: int, blocks: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("blocks", [1, 6, 35])
-@pytest.mark.parametrize("row_count", [2, 3, 7, 8, 9, 16, 17])
+@pytest.mark.parametrize("row_count", range(2, 18))
 def test_every_q6_k_output_is_the_one_row_dot_product_bit_for_bit(
     ggml_cpu: ctypes.CDLL, blocks: int, row_count: int
 ) -> None:
@@ -98,6 +107,40 @@ def test_every_q6_k_output_is_the_one_row_dot_product_bit_for_bit(
                 blocks * QK_K, expected[c, r:].ctypes.data, 0, weights[r].ctypes.data, 0,
                 rows[c].ctypes.data, 0, 1,
             )  # fmt: skip
+    assert np.isfinite(expected).all()
+    assert np.array_equal(out.view(np.uint32), expected.view(np.uint32))
+
+
+def _q4_k_x8(rng: np.random.Generator, columns: int, blocks: int) -> np.ndarray:
+    """Repacked Q4_K weights: eight weight rows (columns of the product) per block."""
+    weights = np.zeros((columns // 8, blocks), Q4_KX8)
+    weights["d"] = rng.uniform(1e-4, 2e-2, weights["d"].shape)
+    weights["dmin"] = rng.uniform(1e-4, 2e-2, weights["dmin"].shape)
+    weights["scales"] = rng.integers(0, 256, weights["scales"].shape)
+    weights["qs"] = rng.integers(0, 256, weights["qs"].shape)
+    return weights
+
+
+@pytest.mark.parametrize("blocks", [1, 6, 35])
+@pytest.mark.parametrize("row_count", range(1, 18))
+def test_every_repacked_q4_k_output_is_the_one_row_product_bit_for_bit(
+    ggml_cpu: ctypes.CDLL, blocks: int, row_count: int
+) -> None:
+    rng = np.random.default_rng(blocks * 1000 + row_count)
+    columns = 24
+    weights = _q4_k_x8(rng, columns, blocks)
+    rows = _q8_k(rng, row_count, blocks)
+    out = np.full((row_count, columns), np.nan, np.float32)
+    ggml_cpu.ggml_gemv_q4_K_8x8_q8_K_rows(
+        blocks * QK_K, out.ctypes.data, columns, weights.ctypes.data, rows.ctypes.data,
+        row_count, columns,
+    )  # fmt: skip
+    expected = np.full_like(out, np.nan)
+    for r in range(row_count):
+        ggml_cpu.ggml_gemv_q4_K_8x8_q8_K(
+            blocks * QK_K, expected[r].ctypes.data, columns, weights.ctypes.data,
+            rows[r].ctypes.data, 1, columns,
+        )  # fmt: skip
     assert np.isfinite(expected).all()
     assert np.array_equal(out.view(np.uint32), expected.view(np.uint32))
 
@@ -142,9 +185,8 @@ def _fingerprint(model: Path, switch: str) -> str:
     return done.stdout.strip().splitlines()[-1]  # after the log
 
 
-def test_a_models_fingerprint_names_the_groups_where_they_are_on(
-    gemma_path: Path, build_check: BuildVerdict
-) -> None:
+@pytest.mark.usefixtures("build_check")
+def test_a_models_fingerprint_names_the_groups_where_they_are_on(gemma_path: Path) -> None:
     # A state restored from the disk cache must equal a cold prefill's, and the groups
     # compute prompt tails of a few tokens otherwise than ggml's kernels.
     _needs_avx2()

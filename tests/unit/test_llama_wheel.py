@@ -75,6 +75,7 @@ EVERY_HOST = [
     "ggml-hugepages.patch",
     "llama-kv-seq-regions.patch",
     "ggml-q4_1-row-groups.patch",
+    "ggml-k-quant-row-groups.patch",
 ]
 
 
