@@ -24,6 +24,9 @@ from typing import IO, Any
 
 from reame_core.backend.probe_child import AMX_ROWS_ENV, AMX_WIDE_M_ENV, ROW_EXACT_ENV
 
+# The environment as the benchmark started, before a backend sets Reame's switches in it.
+_STARTED_WITH = dict(os.environ)
+
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -208,6 +211,12 @@ def stock_environment() -> dict[str, str]:
     (row-exact attention, AMX row kernels and wide products, row groups, huge pages, kept
     graphs, KV regions; set by any process that loaded llama.cpp through Reame): llama-server, built
     from the same patched source, then runs llama.cpp's own ways, as its users run it."""
+    switches = build_switches()
+    return {name: value for name, value in os.environ.items() if name not in switches}
+
+
+def build_switches() -> tuple[str, ...]:
+    """The environment variables of Reame's build's patches."""
     from reame_core.backend.llama import (
         GRAPH_CACHE_ENV,
         GRAPH_CACHE_TOKENS_ENV,
@@ -217,11 +226,10 @@ def stock_environment() -> dict[str, str]:
         Q4_1_ROW_GROUPS_ENV,
     )
 
-    switches = (
+    return (
         ROW_EXACT_ENV, AMX_ROWS_ENV, AMX_WIDE_M_ENV, Q4_1_ROW_GROUPS_ENV, K_QUANT_ROW_GROUPS_ENV,
         HUGEPAGES_ENV, GRAPH_CACHE_ENV, GRAPH_CACHE_TOKENS_ENV, KV_REGIONS_ENV,
     )  # fmt: skip
-    return {name: value for name, value in os.environ.items() if name not in switches}
 
 
 @contextmanager
@@ -282,7 +290,14 @@ def median_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> 
 
 
 def write_report(name: str, report: dict[str, Any]) -> Path:
+    """Write `report` as RESULTS/NAME.json, with the date, the host and the build switches
+    the benchmark was started with (those not set take Reame's settings)."""
+    started_with = {
+        switch: _STARTED_WITH[switch] for switch in build_switches() if switch in _STARTED_WITH
+    }
     report = {"date": time.strftime("%Y-%m-%d"), "host": host_description(), **report}
+    if started_with:
+        report["build_switches_set"] = started_with
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(report, indent=2) + "\n")
