@@ -9,13 +9,12 @@ not change. Each side in a process of its own (ggml reads the switch once).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from switched import switched_run
 
 from reame_core.autoconfig.facts import transparent_huge_pages
 from reame_core.backend.llama import HUGEPAGES_ENV
@@ -40,16 +39,9 @@ def _child(model: str) -> None:
 
 
 def _run(model: Path, switch: str) -> dict[str, object]:
-    done = subprocess.run(
-        [sys.executable, __file__, str(model)],
-        env={**os.environ, HUGEPAGES_ENV: switch},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    result: dict[str, object] = json.loads(
+        switched_run(__file__, HUGEPAGES_ENV, switch, str(model), timeout=300)
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
 

@@ -14,14 +14,12 @@ their layers' `ffn_down` and `attn_v`, 9-15% of their bytes; their output layers
 from __future__ import annotations
 
 import ctypes
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from switched import saved_logits
+from switched import saved_logits, switched_run
 from test_row_kernels import PASSES, logits_by_pass
 
 from reame_core.backend.llama import K_QUANT_ROW_GROUPS, K_QUANT_ROW_GROUPS_ENV
@@ -173,16 +171,9 @@ def test_rows_of_a_pass_get_the_logits_of_one_token_steps(
 
 
 def _fingerprint(model: Path, switch: str) -> str:
-    done = subprocess.run(
-        [sys.executable, __file__, "--fingerprint", str(model)],
-        env={**os.environ, K_QUANT_ROW_GROUPS_ENV: switch},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    return switched_run(
+        __file__, K_QUANT_ROW_GROUPS_ENV, switch, "--fingerprint", str(model), timeout=300
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.strip().splitlines()[-1]  # after the log
 
 
 @pytest.mark.usefixtures("build_check")

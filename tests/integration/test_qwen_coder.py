@@ -129,6 +129,7 @@ def test_requests_decoded_together_get_their_tokens_alone(
     qwen_coder_05b_path: Path,
     build_check: BuildVerdict,
     generate_together: Callable[[Engine, Sequence[GenerationRequest]], list[FinishEvent]],
+    forget_kv: Callable[[Engine], None],
     tmp_path: Path,
 ) -> None:
     # Eight sequences decoding together make products of eight rows, which ggml's kernels
@@ -159,11 +160,9 @@ def test_requests_decoded_together_get_their_tokens_alone(
         try:
             alone = []
             for request in requests:
-                for slot in engine.slots.slots:
-                    engine.slots.truncate(slot, 0)
+                forget_kv(engine)
                 alone.append(engine.generate(request).candidates[0].tokens)
-            for slot in engine.slots.slots:
-                engine.slots.truncate(slot, 0)
+            forget_kv(engine)
             together = [event.candidates[0].tokens for event in generate_together(engine, requests)]
         finally:
             engine.stop()
