@@ -66,9 +66,10 @@
 # a time and the rest one by one, and Q6_K weights (no repacked kernel on x86) one row after
 # another up to 7 rows and in its tiled kernel from 8; the 4-row and tiled kernels give a row
 # other logits than a one-row product, and a pass of 8 tokens of Qwen2.5-Coder-1.5B cost 7.0
-# one-token passes where one of 6 cost 4.2. With GGML_K_QUANT_ROW_GROUPS=N products of 2 to N rows go in groups of up
-# to 8, each block of the weights unpacked once for the group; each row is computed as a
-# one-row product computes it. Reame sets the switch; llama-server keeps ggml's kernels.
+# one-token passes where one of 6 cost 4.2. With GGML_K_QUANT_ROW_GROUPS=N products of 2 to
+# N rows go to row groups: each block of the weights unpacked once for all the rows, each row
+# computed as a one-row product computes it. Reame sets the switch (a deterministic server:
+# every product); llama-server keeps ggml's kernels.
 
 cpu_flags=$(grep -m1 -E '^(flags|Features)' "${REAME_CPUINFO:-/proc/cpuinfo}" || true)
 cmake_args="-DGGML_NATIVE=ON"

@@ -103,14 +103,18 @@ HUGEPAGES_ENV = "GGML_HUGEPAGES"
 # every row bit-identical to a one-row product. Read once per process.
 Q4_1_ROW_GROUPS_ENV = "GGML_Q4_1_ROW_GROUPS"
 
-# Products of 2 to `K_QUANT_ROW_GROUPS` rows with K-quant weights where no AMX kernel takes
-# them (repacked Q4_K, Q6_K; x86 with AVX2): each block of the weights unpacked once for up
-# to eight rows, every row bit-identical to a one-row product, where ggml's 4-row and tiled
-# kernels give rows other logits (scripts/patches/ggml-k-quant-row-groups.patch). Up to a
-# draft of `Settings.draft_max`'s default verified with the token after it. Read once per
-# process.
+# Products of 2 to N rows with K-quant weights where no AMX kernel takes them (repacked Q4_K,
+# Q6_K; x86 with AVX2): each block of the weights unpacked once for many rows, every row
+# bit-identical to a one-row product, where ggml's 4-row and tiled kernels give rows other
+# logits, depending on how many rows their pass holds (scripts/patches/
+# ggml-k-quant-row-groups.patch). Deterministic: every product (`K_QUANT_ROW_GROUPS_EVERY`),
+# so that a row's logits never depend on its pass, prompt chunks of any length included
+# (their cost against ggml's kernels: docs/BENCHMARKS.md, "K-quant row groups on every
+# product"); fast: up to a draft of `Settings.draft_max`'s default verified with the token
+# after it, where they are faster than ggml's. Read once per process.
 K_QUANT_ROW_GROUPS_ENV = "GGML_K_QUANT_ROW_GROUPS"
 K_QUANT_ROW_GROUPS = 17
+K_QUANT_ROW_GROUPS_EVERY = 1 << 30
 
 # Graphs llama.cpp keeps besides the last decode's (scripts/patches/llama-graph-cache.patch):
 # it reuses a decode's graph only when the decode before had the same shape, and a draft
@@ -370,7 +374,10 @@ class LlamaBackend:
         os.environ.setdefault(AMX_WIDE_M_ENV, "1")
         os.environ.setdefault(HUGEPAGES_ENV, "1")
         os.environ.setdefault(Q4_1_ROW_GROUPS_ENV, "1")
-        os.environ.setdefault(K_QUANT_ROW_GROUPS_ENV, str(K_QUANT_ROW_GROUPS))
+        os.environ.setdefault(
+            K_QUANT_ROW_GROUPS_ENV,
+            str(K_QUANT_ROW_GROUPS_EVERY if deterministic else K_QUANT_ROW_GROUPS),
+        )
         model_params = llama_cpp.llama_model_default_params()
         # False keeps weights out of CPU_REPACK and AMX buffers: the build check's fallback
         # where the default load crashes (reame_core/backend/probe.py).
@@ -513,7 +520,7 @@ class LlamaBackend:
         # And Reame's K-quant row groups, where on: they compute products of a few rows
         # otherwise than the build without them (a restored state would not be a cold one).
         if rows := k_quant_row_groups():
-            parts.append(f"k-quant-rows={rows}")
+            parts.append(f"k-quant-rows={'all' if rows >= K_QUANT_ROW_GROUPS_EVERY else rows}")
         fingerprint = hashlib.sha256("/".join([*parts, "state-v1"]).encode()).hexdigest()[:32]
         extra: dict[str, Any] = {
             "n_params": llama_cpp.llama_model_n_params(self._model),

@@ -12,10 +12,11 @@ from what a cold prefill of the same text computes, and reusing it could change 
 tokens. `Slot.exact` counts the leading tokens computed as chunks. Prompt chunks start on
 the model's chunk grid (`ModelInfo.chunk_grid`), and only prefixes of a length on the grid
 are reused (`reusable`): a token then sits at the same place in its kernel's group of rows
-in every run, which is what makes its KV the same. Where the server's check found a row's
-logits the same whatever pass computes it, for the model on this build and CPU
-(`backend.pass_check`), the engine reuses without these limits: an answer's KV is then what
-a chunk would compute.
+in every run, which, with kernels that do not change with a chunk's length
+(docs/ARCHITECTURE.md, "Exact reuse"), is what makes its KV the same. Where the server's
+check found a row's logits the same whatever pass computes it, for the model on this build
+and CPU (`backend.pass_check`), the engine reuses without these limits: an answer's KV is
+then what a chunk would compute.
 
 A slot can be pinned to a session (a client's conversation id): other requests copy from
 it instead of taking it, and it is handed out only when no unpinned slot is free. At most

