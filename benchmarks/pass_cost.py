@@ -22,9 +22,10 @@ AVX2 CPU) likewise, Reame's row groups (`Q4_1_ROW_GROUPS_ENV`,
 scripts/patches/ggml-q4_1-row-groups.patch) against ggml's one row at a time. With
 --compare-k-quant-row-groups (Q4_K and Q6_K weights where no AMX kernel takes them: x86 with
 AVX2) likewise, Reame's K-quant row groups (`K_QUANT_ROW_GROUPS_ENV`,
-scripts/patches/ggml-k-quant-row-groups.patch) against ggml's 4-row, tiled and one-row
-kernels. `--sizes` replaces the pass sizes (prompt chunks too: a pass of 512 tokens is one
-of a prompt's).
+scripts/patches/ggml-k-quant-row-groups.patch; a deterministic server's setting, every
+product) against ggml's 4-row, tiled and one-row kernels. `--sizes` replaces the pass sizes
+(prompt chunks too: a pass of 512 tokens is one of a prompt's, whose ratio with logits for
+the last row only the report keeps beside that with logits for every row).
 
     .venv/bin/python benchmarks/pass_cost.py [--model PATH] [--reps 7] [--name pass_cost]
     .venv/bin/python benchmarks/pass_cost.py --compare-amx-tiles [--rounds 3] [--reps 5]
@@ -97,7 +98,7 @@ CONFIGS = {
     "ggml-tiles": (AMX_ROWS_ENV, "1"),  # every product of two rows or more in AMX tiles
     "row-groups": (Q4_1_ROW_GROUPS_ENV, None),
     "one-row": (Q4_1_ROW_GROUPS_ENV, "0"),
-    "k-quant-row-groups": (K_QUANT_ROW_GROUPS_ENV, None),
+    "k-quant-row-groups": (K_QUANT_ROW_GROUPS_ENV, None),  # deterministic: every product
     "ggml-k-quant": (K_QUANT_ROW_GROUPS_ENV, "0"),  # ggml's 4-row, tiled and one-row kernels
 }
 COMPARISONS = {
@@ -196,11 +197,17 @@ def main() -> None:
         }
         report["rounds"] = args.rounds
         report["passes"] = tables
+        pairs = list(zip(tables[reames], tables[other], strict=True))
         report[key] = {
             row["tokens"]: round(theirs["ms_logits_every_row"] / row["ms_logits_every_row"], 3)
-            for row, theirs in zip(tables[reames], tables[other], strict=True)
+            for row, theirs in pairs
         }
-        print(json.dumps(report[key]))
+        # A prompt chunk's pass: logits for its last row only.
+        report[f"{key}_last_row"] = {
+            row["tokens"]: round(theirs["ms_logits_last_row"] / row["ms_logits_last_row"], 3)
+            for row, theirs in pairs
+        }
+        print(json.dumps(report[key]), json.dumps(report[f"{key}_last_row"]))
     print(write_report(args.name, report))
 
 
