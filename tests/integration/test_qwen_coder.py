@@ -100,8 +100,8 @@ def test_a_reused_prefix_gives_the_cold_tokens_on_a_repacked_quant(
             engine.slots.truncate(slot, 0)
 
     # Shared prefixes of several lengths, so they end at every place in a group of four,
-    # and prompt rests after the reused part of 18-27 tokens (other questions) and of a few
-    # (questions alike).
+    # and prompt rests after the reused part of 9 to 27 tokens (9 and 12 for two of the
+    # questions alike: a chunk short enough for the fast configuration's groups).
     pairs = [
         (
             ask(SYSTEM + " Be brief." * i, "How do I read a CSV file?"),
