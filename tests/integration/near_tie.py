@@ -43,7 +43,7 @@ from reame_core.backend.base import Backend
 from reame_core.backend.pass_check import PassCheck, check_passes
 from reame_core.engine.engine import Engine
 from reame_core.engine.slots import common_prefix
-from reame_core.request import Event, GenerationRequest, TokenEvent, TokenLogprob
+from reame_core.request import Event, FinishEvent, GenerationRequest, TokenEvent, TokenLogprob
 
 GAP_BOUND = 0.9
 TOP = 5  # alternatives the plain run records per token
@@ -70,20 +70,27 @@ class Divergence:
     runner_up: bool  # the other path's token was the plain path's second best
 
 
-def plain_run(engine: Engine, request: GenerationRequest) -> PlainRun:
-    """Generate along the plain path (speculation off), recording top-5 log-probabilities.
-    Log-probabilities differ from logits by one constant per row: gaps are logit gaps."""
-    assert request.params.logprobs == TOP, "ask the plain run for the top alternatives"
+def with_logprobs(
+    engine: Engine, request: GenerationRequest
+) -> tuple[FinishEvent, tuple[TokenLogprob, ...]]:
+    """Generate: the request's end and the log-probabilities of its tokens, as streamed."""
     logprobs: list[TokenLogprob] = []
 
     def collect(event: Event) -> None:
         if isinstance(event, TokenEvent):
             logprobs.extend(event.logprobs)
 
-    finished = engine.generate(request, collect)
+    return engine.generate(request, collect), tuple(logprobs)
+
+
+def plain_run(engine: Engine, request: GenerationRequest) -> PlainRun:
+    """Generate along the plain path (speculation off), recording top-5 log-probabilities.
+    Log-probabilities differ from logits by one constant per row: gaps are logit gaps."""
+    assert request.params.logprobs == TOP, "ask the plain run for the top alternatives"
+    finished, logprobs = with_logprobs(engine, request)
     tokens = finished.candidates[0].tokens
     assert len(logprobs) == len(tokens)
-    return PlainRun(tokens, tuple(logprobs))
+    return PlainRun(tokens, logprobs)
 
 
 def first_divergence(plain: PlainRun, other: Sequence[int]) -> Divergence | None:

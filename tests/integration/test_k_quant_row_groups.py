@@ -48,6 +48,13 @@ def _needs_avx2() -> None:
         pytest.skip("the K-quant row groups are built for x86 CPUs with AVX2")
 
 
+def _needs_the_groups(build_check: BuildVerdict) -> None:
+    """Skip where a model's K-quant products do not reach the groups."""
+    _needs_avx2()
+    if "AMX" in (build_check.fact("buffers") or {}):
+        pytest.skip("K-quant weights are in ggml's AMX buffer here, off this path")
+
+
 @pytest.fixture(scope="module")
 def ggml_cpu() -> ctypes.CDLL:
     _needs_avx2()
@@ -205,9 +212,7 @@ def test_a_prompts_rows_do_not_depend_on_how_it_was_cut_into_chunks(
     # row's logits and KV do not depend on its chunk's length; with ggml's kernels (and
     # with the fast configuration's groups of up to 17 rows) a chunk of a few rows takes
     # another kernel than a long one, and the tokens after it may differ.
-    _needs_avx2()
-    if "AMX" in (build_check.fact("buffers") or {}):
-        pytest.skip("K-quant weights are in ggml's AMX buffer here, off this path")
+    _needs_the_groups(build_check)
 
     def by_chunking(switch: str) -> list[bool]:
         runs = saved_logits(
@@ -232,9 +237,7 @@ def test_a_prompts_rows_do_not_depend_on_how_it_was_cut_into_chunks(
 def test_rows_of_a_pass_get_the_logits_of_one_token_steps(
     model: str, build_check: BuildVerdict, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    _needs_avx2()
-    if "AMX" in (build_check.fact("buffers") or {}):
-        pytest.skip("K-quant weights are in ggml's AMX buffer here, off this path")
+    _needs_the_groups(build_check)
     path = request.getfixturevalue("qwen_coder_05b_path" if model == "qwen" else "gemma_path")
     assert max(PASSES) <= K_QUANT_ROW_GROUPS
     on = saved_logits(

@@ -13,21 +13,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from near_tie import TOP, checked_passes
+from near_tie import TOP, checked_passes, with_logprobs
 
 from reame_core.backend.llama import LlamaBackend
 from reame_core.backend.probe import BuildVerdict, cpu_flags
 from reame_core.chat import encode_chat
 from reame_core.engine.engine import Engine
 from reame_core.engine.slots import common_prefix
-from reame_core.request import (
-    Event,
-    FinishEvent,
-    GenerationRequest,
-    SamplingParams,
-    TokenEvent,
-    TokenLogprob,
-)
+from reame_core.request import GenerationRequest, SamplingParams
 
 REAME = Path(sys.executable).parent / "reame"
 
@@ -77,7 +70,7 @@ SYSTEM = (
 
 
 def test_a_reused_prefix_gives_the_cold_tokens_on_a_repacked_quant(
-    qwen_coder_05b_path: Path,
+    qwen_coder_05b_path: Path, forget_kv: Callable[[Engine], None]
 ) -> None:
     # Q4_K_M weights are repacked: ggml multiplies a micro-batch's rows four at a time and
     # the leftover rows one by one, and Q6_K weights one row at a time in products of a few
@@ -95,10 +88,6 @@ def test_a_reused_prefix_gives_the_cold_tokens_on_a_repacked_quant(
         messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
         return encode_chat(backend.info, messages)
 
-    def forget() -> None:
-        for slot in engine.slots.slots:
-            engine.slots.truncate(slot, 0)
-
     # Shared prefixes of several lengths, so they end at every place in a group of four,
     # and prompt rests after the reused part of 9 to 27 tokens (9 and 12 for two of the
     # questions alike: a chunk short enough for the fast configuration's groups).
@@ -114,9 +103,9 @@ def test_a_reused_prefix_gives_the_cold_tokens_on_a_repacked_quant(
     try:
         cold, warm = [], []
         for before, after in pairs:
-            forget()
+            forget_kv(engine)
             cold.append(with_logprobs(engine, GenerationRequest(after, params)))
-            forget()
+            forget_kv(engine)
             engine.generate(GenerationRequest(before, SamplingParams(max_tokens=4)))
             warm.append(with_logprobs(engine, GenerationRequest(after, params)))
     finally:
@@ -129,19 +118,6 @@ def test_a_reused_prefix_gives_the_cold_tokens_on_a_repacked_quant(
     for (w, w_logprobs), (c, c_logprobs) in zip(warm, cold, strict=True):
         assert w.candidates[0].tokens == c.candidates[0].tokens
         assert w_logprobs == c_logprobs
-
-
-def with_logprobs(
-    engine: Engine, request: GenerationRequest
-) -> tuple[FinishEvent, tuple[TokenLogprob, ...]]:
-    """The request's end and the log-probabilities of its tokens, as streamed."""
-    logprobs: list[TokenLogprob] = []
-
-    def collect(event: Event) -> None:
-        if isinstance(event, TokenEvent):
-            logprobs.extend(event.logprobs)
-
-    return engine.generate(request, collect), tuple(logprobs)
 
 
 QUESTIONS = (
