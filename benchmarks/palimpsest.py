@@ -524,6 +524,7 @@ def main() -> None:
         threads=args.threads,
         reps=args.reps,
         max_tokens=MAX_TOKENS,
+        draft_max=Settings().draft_max,  # REAME_DRAFT_MAX in the environment, else the default
         model=args.model or "smollm2-135m (embedded, Q4_1)",
         command=" ".join(["python", "benchmarks/palimpsest.py", *sys.argv[1:]]),
     )

@@ -17,7 +17,7 @@ from reame_core.autoconfig.facts import read_host_facts
 from reame_core.autoconfig.plan import HostPlan, plan_host
 from reame_core.backend.attention_timing import time_attention
 from reame_core.backend.base import Backend
-from reame_core.backend.pass_check import TOKENS, PassCheck, check_passes
+from reame_core.backend.pass_check import PassCheck, check_passes
 from reame_core.backend.probe import (
     BuildVerdict,
     attention_facts,
@@ -152,7 +152,7 @@ def start_runtime(
         backend,
         plugins,
         prefill_chunk=settings.prefill_chunk,
-        draft_max=settings.draft_max,
+        draft_max=draft_max(settings, passes),
         speculate=settings.speculate,
         adapt_threads=settings.adapt_threads,
         max_sessions=settings.max_sessions,
@@ -170,6 +170,13 @@ def start_runtime(
         guarantees=determinism_note(settings, passes),
     )
     return Runtime(settings, plugins, backend, engine, plan, passes)
+
+
+def draft_max(settings: Settings, passes: PassCheck | None) -> int:
+    """The longest draft a sequence verifies: `settings.draft_max`, shortened where the
+    pass check found verification exact only in shorter passes (`PassCheck.draft_cap`)."""
+    cap = None if passes is None else passes.draft_cap
+    return settings.draft_max if cap is None else min(settings.draft_max, cap)
 
 
 def determinism_note(settings: Settings, passes: PassCheck | None = None) -> str:
@@ -190,10 +197,11 @@ def determinism_note(settings: Settings, passes: PassCheck | None = None) -> str
             f"{exact}, and a row's logits do not depend on the pass computing it ({checked}): "
             "generated tokens are reused as computed, and speculative verification is exact too"
         )
-    if passes.steps_exact:
+    cap = passes.draft_cap
+    if cap is not None:
         return (
-            f"{recomputed}; speculative verification is exact in passes of up to {TOKENS} "
-            f"tokens, a sequence's longest draft ({checked}); larger passes (several sequences "
-            "verifying drafts together, prompt chunks) may differ at near-ties"
+            f"{recomputed}; speculative verification is exact in passes of up to {cap + 1} "
+            f"tokens, a draft of at most {cap} verified ({checked}); larger passes (several "
+            "sequences verifying drafts together, prompt chunks) may differ at near-ties"
         )
     return f"{recomputed}; speculative verification is exact only up to near-ties ({checked})"

@@ -82,7 +82,7 @@ class Settings(BaseSettings):
         description="Speculative decoding: auto lets the governor decide where it pays; on "
         "verifies every draft; off never drafts. A request may override it.",
     )
-    draft_max: int = Field(16, ge=0, le=64, description="Most draft tokens per sequence and step.")
+    draft_max: int = Field(32, ge=0, le=64, description="Most draft tokens per sequence and step.")
     draft_model: str | None = Field(
         None,
         description="Smaller model of the same vocabulary that drafts for the target "

@@ -113,19 +113,20 @@ Q4_1_ROW_GROUPS_ENV = "GGML_Q4_1_ROW_GROUPS"
 # product"); fast: up to a draft of `Settings.draft_max`'s default verified with the token
 # after it, where they are faster than ggml's. Read once per process.
 K_QUANT_ROW_GROUPS_ENV = "GGML_K_QUANT_ROW_GROUPS"
-K_QUANT_ROW_GROUPS = 17
+K_QUANT_ROW_GROUPS = 33
 K_QUANT_ROW_GROUPS_EVERY = 1 << 30
 
 # Graphs llama.cpp keeps besides the last decode's (scripts/patches/llama-graph-cache.patch):
 # it reuses a decode's graph only when the decode before had the same shape, and a draft
 # verified between plain steps changes the shape at almost every step. With the switch it
 # keeps this many more graphs of up to `GRAPH_CACHE_TOKENS` tokens, each in a scheduler of
-# its own, and reuses any that fits. Read at each context's creation; builds without the
-# patch ignore it.
+# its own, and reuses any that fits (up to a draft of `Settings.draft_max`'s default verified
+# with the token after it). Read at each context's creation; builds without the patch
+# ignore it.
 GRAPH_CACHE_ENV = "LLAMA_GRAPH_CACHE"
 GRAPH_CACHE = 8
 GRAPH_CACHE_TOKENS_ENV = "LLAMA_GRAPH_CACHE_TOKENS"
-GRAPH_CACHE_TOKENS = 32
+GRAPH_CACHE_TOKENS = 33
 
 # One KV buffer with a region for each sequence (scripts/patches/llama-kv-seq-regions.patch):
 # a sequence's cells sit in its region as they would in a KV stream of its own, so with the

@@ -40,14 +40,18 @@ from reame_core.backend.probe import verdicts_dir, write_atomically
 
 log = structlog.get_logger(__name__)
 
-VERSION = 1  # of the measurement: another version measures again
+VERSION = 2  # of the measurement: another version measures again
 CONTEXT = 113  # tokens before the compared ones: a chunk's worth, ending off the grid of 16
-TOKENS = 17  # compared: a draft of 16 and the token after it
-STEP_SIZES = (2, 4, 8, TOKENS)  # passes from the first compared token
+TOKENS = 33  # compared: a draft of `Settings.draft_max`'s default and the token after it
+STEP_SIZES = (2, 4, 8, 17, TOKENS)  # passes from the first compared token
 # Passes ending at the last compared token: ggml's AMX kernels take products of up to 12
 # rows, of 13 to 32, of 33 to 128 and of more along different paths (scripts/patches).
 CHUNK_SIZES = (48, 100, CONTEXT + TOKENS)
 SEQ = 0
+# The shortest limit on drafts a deterministic server sets so that it verifies them only in
+# passes found exact (`PassCheck.draft_cap`); where the exact passes are shorter, drafts keep
+# their length and are exact up to near-ties.
+EXACT_DRAFT_MIN = 16
 
 
 class PassCheck(BaseModel):
@@ -65,7 +69,26 @@ class PassCheck(BaseModel):
         """The sampled passes of up to `TOKENS` tokens (`STEP_SIZES`: a draft verified,
         sequences decoded together) give the compared rows the logits of one-token steps,
         whatever prompt chunks give them."""
-        return all(size in CHUNK_SIZES for size in self.differing)
+        return self.exact_steps == TOKENS
+
+    @property
+    def exact_steps(self) -> int:
+        """The most tokens of a pass up to which every sampled step (`STEP_SIZES`) gave the
+        compared rows the logits of one-token steps (1: none did)."""
+        first = min((size for size in self.differing if size not in CHUNK_SIZES), default=None)
+        if first is None:
+            return TOKENS
+        return max((1, *(size for size in STEP_SIZES if size < first)))
+
+    @property
+    def draft_cap(self) -> int | None:
+        """The longest draft a deterministic server verifies, so that a sequence verifying
+        its draft stays within the passes found exact: None where every path is exact (a
+        row's logits then never depend on its pass), or where the exact steps would leave
+        drafts shorter than `EXACT_DRAFT_MIN` (speculation is then kept, exact up to
+        near-ties, rather than all but switched off)."""
+        cap = self.exact_steps - 1
+        return None if self.exact or cap < EXACT_DRAFT_MIN else cap
 
 
 def check_path(cache_dir: Path, fingerprint: str) -> Path:

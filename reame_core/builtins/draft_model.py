@@ -86,7 +86,7 @@ class DraftModel:
         self.settings = DraftModelSettings.model_validate({})
         self.backend: LlamaBackend | None = None
         self.cost: DraftCost | None = None
-        self._longest = 16  # the longest draft it may be asked for (`draft_max`)
+        self._longest = 32  # the longest draft it may be asked for (`draft_max`)
         self._mirrors: dict[int, _Mirror] = {}
         self._free: list[int] = []
 

@@ -70,7 +70,7 @@ class Engine:
         plugins: PluginHost | None = None,
         *,
         prefill_chunk: int = 128,
-        draft_max: int = 16,
+        draft_max: int = 32,
         speculate: Mode = "auto",
         max_sessions: int | None = None,
         sessions_first: bool = True,

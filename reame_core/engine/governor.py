@@ -170,7 +170,7 @@ class Governor:
         passes: Callable[[Sequence[tuple[int, int]]], list[int]],
         *,
         mode: Mode = "auto",
-        draft_max: int = 16,
+        draft_max: int = 32,
         threads: int = 1,
     ) -> None:
         self.mode = mode

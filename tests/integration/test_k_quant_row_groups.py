@@ -26,6 +26,7 @@ from switched import saved_logits, switched_run
 from test_row_kernels import PASSES, logits_by_pass
 
 from reame_core.backend.llama import (
+    GRAPH_CACHE_TOKENS,
     K_QUANT_ROW_GROUPS,
     K_QUANT_ROW_GROUPS_ENV,
     K_QUANT_ROW_GROUPS_EVERY,
@@ -158,8 +159,9 @@ def test_every_repacked_q4_k_output_is_the_one_row_product_bit_for_bit(
 
 
 def test_the_groups_cover_a_default_draft_verified_with_the_token_after_it() -> None:
-    # The fast configuration's setting; a deterministic server takes every product.
-    assert K_QUANT_ROW_GROUPS == Settings().draft_max + 1 == TOKENS
+    # The fast configuration's setting (a deterministic server takes every product), the
+    # pass check's longest step and the graphs kept for reuse.
+    assert K_QUANT_ROW_GROUPS == Settings().draft_max + 1 == TOKENS == GRAPH_CACHE_TOKENS
 
 
 # A prompt's first tokens in chunks on the grid of 16, as the engine cuts them: alone, after
@@ -210,7 +212,7 @@ def test_a_prompts_rows_do_not_depend_on_how_it_was_cut_into_chunks(
     # prompt budget among neighbours, so one prompt is cut into chunks of other lengths from
     # run to run. With the groups on every product (a deterministic server's setting), a
     # row's logits and KV do not depend on its chunk's length; with ggml's kernels (and
-    # with the fast configuration's groups of up to 17 rows) a chunk of a few rows takes
+    # with the fast configuration's groups of up to 33 rows) a chunk of a few rows takes
     # another kernel than a long one, and the tokens after it may differ.
     _needs_the_groups(build_check)
 

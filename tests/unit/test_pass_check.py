@@ -20,7 +20,7 @@ from reame_core.backend.pass_check import (
     check_passes,
     check_path,
 )
-from reame_core.runtime import determinism_note
+from reame_core.runtime import determinism_note, draft_max
 from reame_core.settings import Settings
 
 
@@ -59,14 +59,15 @@ def test_a_backend_whose_rows_never_drift_is_exact_and_left_empty(tmp_path: Path
     ("drift_from", "differing"),
     [
         # verification steps from the size a kernel changes at (chunks then not tried)
-        (2, (2, 4, 8, 17)),
-        (4, (4, 8, 17)),
-        (5, (8, 17)),
-        (9, (17,)),
+        (2, (2, 4, 8, 17, 33)),
+        (4, (4, 8, 17, 33)),
+        (5, (8, 17, 33)),
+        (9, (17, 33)),
+        (30, (33,)),
         # prompt chunks, where every step agrees
-        (30, (48, 100, 130)),
-        (64, (100, 130)),
-        (130, (130,)),
+        (34, (48, 100, 146)),
+        (64, (100, 146)),
+        (146, (146,)),
     ],
 )
 def test_passes_from_the_size_a_kernel_changes_at_are_found(
@@ -165,6 +166,27 @@ def test_steps_are_exact_where_only_prompt_chunks_differ() -> None:
     assert not PassCheck(exact=False, differing=(1,), checked_at=0.0).steps_exact  # not numbers
 
 
+@pytest.mark.parametrize(
+    ("differing", "exact_steps", "draft_cap"),
+    [
+        ((), TOKENS, None),  # every path exact: no cap needed
+        (CHUNK_SIZES, TOKENS, TOKENS - 1),  # every step exact: drafts as long as steps checked
+        ((TOKENS,), 17, 16),  # passes of a long draft differ: drafts kept to the exact ones
+        ((8, 17, TOKENS), 4, None),  # too short to be worth keeping to: near-ties instead
+        ((1,), 1, None),  # rows that are not numbers: nothing exact
+    ],
+)
+def test_drafts_are_capped_to_the_passes_found_exact_where_that_leaves_long_drafts(
+    differing: tuple[int, ...], exact_steps: int, draft_cap: int | None
+) -> None:
+    check = PassCheck(exact=not differing, differing=differing, checked_at=0.0)
+
+    assert check.exact_steps == exact_steps
+    assert check.draft_cap == draft_cap
+    assert draft_max(Settings(draft_max=64), check) == (64 if draft_cap is None else draft_cap)
+    assert draft_max(Settings(draft_max=8), check) == 8
+
+
 def passes(exact: bool) -> PassCheck:
     return PassCheck(exact=exact, differing=() if exact else (4,), checked_at=0.0)
 
@@ -183,9 +205,12 @@ def test_the_guarantees_say_what_the_check_found() -> None:
         settings, PassCheck(exact=False, differing=CHUNK_SIZES[1:], checked_at=0.0)
     )
     assert "reused only once recomputed as a prompt chunk" in steps_only
-    assert f"speculative verification is exact in passes of up to {TOKENS} tokens" in steps_only
-    assert "(checked for this model, build and CPU); larger passes" in steps_only
-    assert steps_only.endswith("may differ at near-ties")
+    longest = f"exact in passes of up to {TOKENS} tokens, a draft of at most {TOKENS - 1} "
+    assert longest in steps_only
+    capped = determinism_note(settings, PassCheck(exact=False, differing=(TOKENS,), checked_at=0.0))
+    assert "verification is exact in passes of up to 17 tokens, a draft of at most 16 " in capped
+    assert "verified (checked for this model, build and CPU); larger passes" in capped
+    assert capped.endswith("may differ at near-ties")
     unchecked = determinism_note(settings)
     assert unchecked.endswith("exact at least up to near-ties (not checked for this model)")
     assert determinism_note(Settings(deterministic=False)).startswith("fast mode")
