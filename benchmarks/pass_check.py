@@ -1,6 +1,6 @@
 """What the server's pass check (reame_core/backend/pass_check.py) finds for a model on this
-host: whether a row gets the logits of one-token steps in passes of 2, 4, 8 and 17 tokens and
-at the end of prompt chunks of 48, 100 and 130, with Reame's configuration and with one of
+host: whether a row gets the logits of one-token steps in passes of 2, 4, 8, 17 and 33 tokens
+and at the end of prompt chunks of 48, 100 and 146, with Reame's configuration and with one of
 its build's switches at another value (default: the K-quant row groups off,
 `GGML_K_QUANT_ROW_GROUPS=0`, ggml's own kernels for Q4_K and Q6_K weights). Each setting is
 measured in a fresh process (ggml reads a switch once), the model loaded as `reame serve`
