@@ -147,12 +147,15 @@ def start_runtime(
         if settings.deterministic:
             # On the fresh model, before any sequence holds KV.
             passes = check_passes(backend, settings.cache_path)
+            # Every reader of the draft limit (the engine, a draft model timing its calls)
+            # gets the one that keeps verification within the passes found exact.
+            settings = settings.model_copy(update={"draft_max": draft_max(settings, passes)})
     plugins.configure(settings, backend.info)
     engine = Engine(
         backend,
         plugins,
         prefill_chunk=settings.prefill_chunk,
-        draft_max=draft_max(settings, passes),
+        draft_max=settings.draft_max,
         speculate=settings.speculate,
         adapt_threads=settings.adapt_threads,
         max_sessions=settings.max_sessions,
