@@ -5,11 +5,13 @@ the same tokens, the structure the index was chosen against.
 The archive: records of 200-1000 tokens assembled from a pool of "phrases" (runs of
 Zipf-distributed token ids from a 49k vocabulary), so matches, forks and common short
 n-grams occur as in generated text. Queries: the last 64 tokens at a random point of a
-random record (hits), and 64 fresh random tokens (misses). Lookup time is the whole
-`draft` call on the engine thread's path (the plugin converts the sequence's tail to an
-array beforehand: measured separately as `tail_us`).
+random record (hits), 64 fresh random tokens (misses), and 64 tokens of records made of
+other phrases of the same words (unrelated: short matches everywhere, long ones nowhere),
+looked up with the plugin's default settings (`DRAFTING`). Lookup time is the whole
+`lookup` call on the engine thread's path, given the tail as an array (the plugin gives a
+list, which a lookup turns into an array only where it searches: `tail_us`).
 
-With --cold MB: the hits and misses again on the first size, each after reading MB
+With --cold MB: each kind of query again on the first size, each after reading MB
 megabytes through the caches (SmolLM2-135M's weights are about 100 MB): in the engine a
 lookup follows a decode, which has evicted the lookup's code and data from the core's
 caches.
@@ -44,6 +46,8 @@ import numpy as np
 from reame_palimpsest.archive_index import MAX_MATCH, ArchiveIndex, lookup
 
 VOCAB = 49_152
+# The plugin's settings by default (reame_palimpsest/settings.py).
+DRAFTING = {"factor": 1.0, "min_share": 0.1, "min_backing": 0.7}
 
 
 def synthetic_records(n_tokens: int, seed: int = 0) -> list[np.ndarray]:
@@ -71,7 +75,15 @@ def queries(records: list[np.ndarray], count: int, seed: int = 1) -> dict[str, l
         end = int(rng.integers(MAX_MATCH, len(record)))
         hits.append(np.ascontiguousarray(record[end - MAX_MATCH : end]))
     misses = [rng.integers(0, VOCAB, MAX_MATCH).astype(np.uint32) for _ in range(count)]
-    return {"hit": hits, "miss": misses}
+    # Text of another kind: the same words, other phrases (as a question about something
+    # else than the archive holds): short matches everywhere, long ones nowhere.
+    other = synthetic_records(count * MAX_MATCH, seed=seed + 100)
+    unrelated = []
+    for _ in range(count):
+        record = other[int(rng.integers(len(other)))]
+        end = int(rng.integers(MAX_MATCH, len(record)))
+        unrelated.append(np.ascontiguousarray(record[end - MAX_MATCH : end]))
+    return {"hit": hits, "miss": misses, "unrelated": unrelated}
 
 
 def time_lookups(
@@ -84,7 +96,7 @@ def time_lookups(
         if flush is not None:
             flush.sum()
         started = time.perf_counter()
-        drafted = lookup(tail, [index], 32, factor=1.0, min_share=0.1).tokens
+        drafted = lookup(tail, [index], 32, **DRAFTING).tokens
         times.append(time.perf_counter() - started)
         lengths.append(len(drafted))
     times.sort()
@@ -97,7 +109,7 @@ def time_lookups(
 
 
 def tail_conversion_us(count: int = 2000) -> float:
-    """The plugin's cost of turning a sequence's last tokens into an array."""
+    """What turning a sequence's last tokens into an array costs (a lookup that searches)."""
     output = list(range(100))
     started = time.perf_counter()
     for _ in range(count):

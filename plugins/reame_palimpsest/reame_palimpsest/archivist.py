@@ -8,10 +8,11 @@ start-up never waits for the archive.
 
 Two indexes, like a two-level log-structured tree: `main` over the records known at the
 last full build, and `fresh` over those since, extended whenever records arrive
-(`ArchiveIndex.extended`: the new records' k-grams sorted and merged in; about 1 ms at
-`FRESH_TOKENS` tokens on the Intel host, where building `fresh` anew took 24 ms:
-benchmarks/palimpsest_lookup.py --growth). When `fresh` outgrows that, it is merged into
-`main` the same way (0.14 s into 4M tokens, against 2.9 s anew), and `fresh` starts empty.
+(`ArchiveIndex.extended`: the new records' k-grams sorted and merged in, their counts
+and directories brought up to date; about 2 ms for a generation at `FRESH_TOKENS` tokens
+on the AVX-512 EPYC, where building `fresh` anew took 29 ms: benchmarks/palimpsest_lookup.py
+--growth). When `fresh` outgrows that, it is merged into `main` the same way (0.22 s into 4M
+tokens, against 3.1 s anew), and `fresh` starts empty.
 Only when records of `main` vanished (their segment evicted or purged: they must go) or
 the records outgrow `memory_tokens` is `main` built anew, from the newest records: three
 quarters of `memory_tokens` in the second case (`REBUILT_SHARE`), so that many fills of

@@ -245,14 +245,13 @@ class Palimpsest:
         return {NAME: stats, DISK_FAULTS: {NAME: faults}}
 
 
-def _tail(seq: SequenceView) -> np.ndarray:
+def _tail(seq: SequenceView) -> list[int]:
     """The sequence's last MAX_MATCH tokens (prompt, then output)."""
     output = seq.output_tokens
     if len(output) >= MAX_MATCH:
-        return np.array(output[len(output) - MAX_MATCH :], dtype=np.uint32)
+        return list(output[len(output) - MAX_MATCH :])
     prompt = seq.prompt_tokens
-    head = prompt[max(0, len(prompt) - MAX_MATCH + len(output)) :]
-    return np.array([*head, *output], dtype=np.uint32)
+    return [*prompt[max(0, len(prompt) - MAX_MATCH + len(output)) :], *output]
 
 
 plugin = Palimpsest()

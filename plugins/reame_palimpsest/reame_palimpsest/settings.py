@@ -53,7 +53,7 @@ class PalimpsestSettings(BaseModel):
         4_000_000,
         ge=1024,
         le=1_000_000_000,  # positions are int32
-        description="Most tokens the in-memory index holds (about 64 bytes each); the "
+        description="Most tokens the in-memory index holds (about 72 bytes each); the "
         "newest records are indexed first.",
     )
     min_match: int = Field(

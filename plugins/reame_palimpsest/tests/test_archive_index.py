@@ -7,6 +7,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
+from unittest import mock
 
 import numpy as np
 from hypothesis import given, settings
@@ -21,10 +22,12 @@ from reame_palimpsest.archive_index import (
     TRUSTED,
     ArchiveIndex,
     Drafted,
+    _mix,
     continuation,
     gram_hash,
     kind_of,
     lookup,
+    nothing_backed,
     suffix_hashes,
 )
 
@@ -45,8 +48,8 @@ def reference_draft(
     min_backing: float = 0.0,
     anchors: Sequence[int] = ANCHORS,
 ) -> tuple[tuple[int, ...], int]:
-    """What the index must propose, and the length of the match behind it, computed by
-    comparing `tail` with every position."""
+    """What the index must propose, and the length of the match behind it (0 where it
+    proposes nothing), computed by comparing `tail` with every position."""
     occurrences = []  # (match length, record, position after the match), oldest first
     for r, record in enumerate(records):
         for end in range(len(record)):  # something follows: record[end]
@@ -77,7 +80,7 @@ def reference_draft(
         paths = [path for path in paths if len(path) > depth and path[depth] == token]
     if min_backing > 0.0:
         drafted = reference_backed(records, tail, drafted, best, min_backing, anchors)
-    return tuple(drafted), best
+    return tuple(drafted), best if drafted else 0
 
 
 def reference_backed(
@@ -163,14 +166,15 @@ def test_lookup_matches_the_brute_force_reference(
 @settings(max_examples=200, deadline=None)
 @given(tokens=st.lists(st.integers(0, 2**32 - 2), min_size=1, max_size=MAX_MATCH))
 def test_every_way_of_hashing_tokens_agrees_with_the_tables(tokens: list[int]) -> None:
-    # The tables hash each k-gram in numpy; a lookup hashes the tail's suffixes at once,
-    # and a backing check a few tokens in Python.
+    # The tables hash each k-gram in numpy; a lookup hashes the tail's suffixes one token
+    # after another in Python, from an array or a list, and a backing check a few tokens.
     index = ArchiveIndex([[*tokens, 0]], anchors=(len(tokens),))  # one k-gram, then a token
-    [table_hash] = index._tables[0][0].tolist()
+    [table_key] = index._tables[0][0].tolist()
 
     hashes = suffix_hashes(np.array(tokens, dtype=np.uint32), len(tokens))
 
-    assert hashes[-1] == table_hash == gram_hash(tokens)
+    assert _mix(hashes[-1]) == table_key == _mix(gram_hash(tokens))
+    assert suffix_hashes(tokens, len(tokens)) == hashes  # a list as an array
     assert all(hashes[k] == gram_hash(tokens[-k:]) for k in range(1, len(tokens) + 1))
 
 
@@ -310,16 +314,23 @@ def test_kinds_of_draft_follow_the_length_of_the_match() -> None:
 
 
 def same_index(a: ArchiveIndex, b: ArchiveIndex) -> bool:
-    """Token for token and entry for entry the same index."""
+    """Token for token and entry for entry the same index, its followers' counts too."""
     tables = zip(a._tables, b._tables, strict=True)
+    counts = zip(a._followers, b._followers, strict=True)
     return (
         np.array_equal(a.tokens, b.tokens)
         and a.n_tokens == b.n_tokens
         and a.anchors == b.anchors
         and all(
             np.array_equal(x, y) and x.dtype == y.dtype
-            for t, u in tables
+            for t, u in (*tables, *((c, d) for c, d in counts if c is not None or d is not None))
             for x, y in zip(t, u, strict=True)
+        )
+        and all(
+            shift == other_shift and np.array_equal(starts, other_starts)
+            for (shift, starts), (other_shift, other_starts) in zip(
+                a._starts, b._starts, strict=True
+            )
         )
     )
 
@@ -349,3 +360,72 @@ def test_an_extended_index_is_the_index_of_all_its_records(
 def test_extending_by_nothing_keeps_the_index() -> None:
     index = ArchiveIndex([np.array([1, 2, 3], dtype=np.uint32)])
     assert index.extended([]) is index
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    records=records_strategy,
+    cut=st.integers(0, 12),
+    anchors=st.sampled_from([ANCHORS, (3,), (8, 3, 1), (24, 8, 5)]),
+    tail=tail_strategy,
+    min_backing=st.sampled_from([0.4, 0.7, 1.0]),
+)
+def test_the_shortcuts_for_unbacked_tokens_change_no_lookup(
+    records: list[list[int]],
+    cut: int,
+    anchors: tuple[int, ...],
+    tail: list[int],
+    min_backing: float,
+) -> None:
+    # Two indexes, as the archive keeps them (`main` and `fresh`): whatever each one's
+    # counts say (`nothing_backed` before a search, `backed` after), pooled lookups answer
+    # as the search and the backing check's own counts do.
+    arrays = [np.array(r, dtype=np.uint32) for r in records]
+    indexes = [ArchiveIndex(arrays[:cut], anchors), ArchiveIndex(arrays[cut:], anchors)]
+    query = np.array(tail, dtype=np.uint32)
+    options = {"factor": 2.0, "min_share": 0.1, "min_backing": min_backing}
+    found = lookup(query, indexes, 16, **options)
+    with mock.patch.object(ArchiveIndex, "backs_nothing", return_value=False):
+        searched = lookup(query, indexes, 16, **options)  # every count read as "cannot tell"
+    assert found == searched
+
+
+@settings(max_examples=100, deadline=None)
+@given(records=records_strategy, gram=st.lists(st.integers(0, 5), min_size=1, max_size=3))
+def test_an_index_counts_each_short_grams_commonest_follower(
+    records: list[list[int]], gram: list[int]
+) -> None:
+    index = ArchiveIndex([np.array(r, dtype=np.uint32) for r in records], (8, 3, 2, 1))
+    k = len(gram)
+    followers = [r[end] for r in records for end in range(k, len(r)) if r[end - k : end] == gram]
+    recent = followers[-CANDIDATES:]
+    table, key = index.anchors.index(k), gram_hash(gram)
+    if not recent:
+        assert index.backs_nothing(table, key, 0.01)
+        return
+    share = max(Counter(recent).values()) / len(recent)
+    assert not index.backs_nothing(table, key, share)  # the commonest follower backs as much
+    assert index.backs_nothing(table, key, share + 0.01)  # and no more
+
+
+def test_text_unlike_the_archives_is_refused_without_a_search() -> None:
+    # Every 2-gram and 1-gram at the tail's end was followed by many different tokens, and
+    # its last 8 tokens are nowhere: nothing a match could draft would be backed.
+    records = [[1, 2, 10 + i, 3, 4, 20 + i] for i in range(8)]
+    index = ArchiveIndex([np.array(r, dtype=np.uint32) for r in records])
+    tail = np.array([90, 91, 92, 93, 94, 95, 1, 2], dtype=np.uint32)
+    assert nothing_backed(tail, suffix_hashes(tail, 24), [index], 0.7)
+    assert lookup(tail, [index], 8, factor=1.0, min_share=0.01, min_backing=0.7) == ((), 0)
+    # Where a follower dominates, the search runs and drafts.
+    agreed = [[1, 2, 10, 3] for _ in range(8)]
+    index = ArchiveIndex([np.array(r, dtype=np.uint32) for r in agreed])
+    assert not nothing_backed(tail, suffix_hashes(tail, 24), [index], 0.7)
+    assert lookup(tail, [index], 8, factor=1.0, min_share=0.01, min_backing=0.7).tokens == (10, 3)
+
+
+def test_a_lookup_refused_by_the_counts_does_not_search() -> None:
+    records = [[1, 2, 10 + i, 3, 4, 20 + i] for i in range(8)]
+    index = ArchiveIndex([np.array(r, dtype=np.uint32) for r in records])
+    tail = [90, 91, 92, 93, 94, 95, 1, 2]
+    with mock.patch.object(ArchiveIndex, "match", side_effect=AssertionError("searched")):
+        assert lookup(tail, [index], 8, factor=1.0, min_share=0.01, min_backing=0.7) == ((), 0)
