@@ -9,8 +9,8 @@ over the last calls; the caller gives the weight of a caught-up token (what a to
 prompt chunk costs next to a decode step on this host). A median, because one call now and
 then is slow on a shared host; a unit, so that a first call that caught up a long prompt
 does not make every later call look as dear. What a call has taken lately, whatever it was
-asked, is kept too: a source whose calls cost a fixed few microseconds (prompt lookup) is
-judged by that, not by a per-token model that does not fit it.
+asked, is kept too (`typical`): a source whose calls cost a fixed few microseconds (prompt
+lookup) is judged by that, not by a per-token model that does not fit it.
 
 A source's first timed call warms its caches (for prompt lookup, tens of times its usual
 time): it prices the source only until a second call is timed. And any call may be
@@ -29,7 +29,8 @@ from collections import deque
 
 from reame_core.engine.decode_cost import median
 
-SETTLED_CALLS = 3  # timed calls whose median no single slow one decides
+SETTLED_CALLS = 3  # timed calls that no single slow one decides
+CLIPPED = 8  # a call counts in `typical` as at most this many times the calls' median
 
 
 class ProposeCost:
@@ -96,12 +97,18 @@ class ProposeCost:
         self._unit = self._typical = None
 
     def typical(self) -> float:
-        """What a call has taken lately, whatever it was asked (the median; 0.0 before any
-        call): what asking the source every step would cost."""
+        """What a call has taken lately, whatever it was asked (0.0 before any call): what
+        asking the source every step would cost. The mean of the last calls, each counted
+        at most `CLIPPED` times their median: a call preempted on a shared host moves it
+        little, and a source whose calls mostly stop at once and sometimes search (the
+        archive's lookups, on text unlike the archive's) is priced at what its calls take
+        on the whole, not at its quick ones, as a median would."""
         if not self._calls:
             return 0.0
         if self._typical is None:
-            self._typical = median(seconds for seconds, _, _ in self._calls)
+            times = [seconds for seconds, _, _ in self._calls]
+            most = CLIPPED * median(times)
+            self._typical = sum(min(seconds, most) for seconds in times) / len(times)
         return self._typical
 
     def predict(self, drafted: int, caught_up: int, catch_up_weight: float) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from reame_core.engine.propose_cost import SETTLED_CALLS, ProposeCost
+from reame_core.engine.propose_cost import CLIPPED, SETTLED_CALLS, ProposeCost
 
 # A draft model that takes 40 ms a drafted token and 10 ms a caught-up token (a quarter,
 # as a prompt token is to a decode step here).
@@ -48,12 +48,34 @@ def test_one_slow_call_among_usual_ones_changes_nothing() -> None:
     assert cost.predict(16, 1, WEIGHT) == pytest.approx(timed(16, 1))
 
 
-def test_what_calls_take_lately_is_their_median_whatever_they_were_asked() -> None:
+def test_what_calls_take_lately_is_their_mean_whatever_they_were_asked() -> None:
     cost = ProposeCost()
     for drafted in (0, 16, 3, 16, 0):  # a lookup whose time does not depend on its answer
         cost.observe(0.00002, drafted=drafted, caught_up=1)
 
     assert cost.typical() == pytest.approx(0.00002)
+
+
+def test_calls_mostly_quick_are_priced_at_what_they_take_on_the_whole() -> None:
+    # Lookups that mostly stop at once and now and then search: asking every step costs
+    # their mean, which a median would put at the quick ones.
+    cost = ProposeCost()
+    for seconds in (0.00005, 0.00005, 0.00025, 0.00005, 0.00025, 0.00005, 0.00005, 0.00025):
+        cost.observe(seconds, drafted=8, caught_up=1)
+
+    calls = [0.00005, 0.00025, 0.00005, 0.00025, 0.00005, 0.00005, 0.00025]  # the warm-up gone
+    assert cost.typical() == pytest.approx(sum(calls) / len(calls))
+
+
+def test_a_preempted_call_counts_as_a_few_usual_ones_at_most() -> None:
+    cost = ProposeCost()
+    for _ in range(7):
+        cost.observe(0.00002, drafted=4, caught_up=1)
+    cost.observe(0.005, drafted=4, caught_up=1)  # 250 times the usual
+    cost.observe(0.005, drafted=4, caught_up=1)
+
+    # 6 usual calls (the warm-up gone) and 2 counted as CLIPPED usual ones each
+    assert cost.typical() == pytest.approx(0.00002 * (6 + 2 * CLIPPED) / 8)
 
 
 def test_a_slow_first_call_prices_the_source_only_until_a_second_is_timed() -> None:
@@ -85,7 +107,7 @@ def test_two_slow_calls_among_three_settle_the_price_slow() -> None:
         cost.observe(seconds, drafted=4, caught_up=1)
 
     assert cost.settled
-    assert cost.typical() == pytest.approx(0.005)
+    assert cost.typical() == pytest.approx((0.005 + 0.005 + 0.00002) / 3)
 
 
 def test_a_given_figure_is_settled_only_until_calls_are_timed() -> None:
@@ -111,7 +133,10 @@ def test_timing_anew_keeps_the_last_call_as_the_price_until_it_settles() -> None
     for _ in range(SETTLED_CALLS):
         cost.observe(0.00002, drafted=4, caught_up=1)
     assert cost.settled
-    assert cost.typical() == pytest.approx(0.00002)
+    # the new calls' price, the old call counted as at most CLIPPED of them
+    assert cost.typical() == pytest.approx(
+        0.00002 * (SETTLED_CALLS + CLIPPED) / (SETTLED_CALLS + 1)
+    )
 
 
 def test_a_figure_given_anew_replaces_the_last_until_a_call_is_timed() -> None:
