@@ -239,6 +239,7 @@ def _summary(runtime: Any, plugin: Any, results: list[Any]) -> dict[str, Any]:
     return {
         "tok_s": tokens / (decode_ms / 1000),
         "tokens": tokens,
+        "draft_max": governor.draft_max,  # after the pass check's cap, if any
         "proposed": _summed([r.usage.draft_proposed for r in results]),
         "accepted": _summed([r.usage.draft_accepted for r in results]),
         "outputs": [list(r.candidates[0].tokens) for r in results],
@@ -520,11 +521,19 @@ def main() -> None:
         report["workloads"][workload] = row
         print(json.dumps({workload: row}), flush=True)
 
+    used = {
+        summary["draft_max"]
+        for runs in reps.values()
+        for rep in runs
+        for summary in rep.values()
+        if "draft_max" in summary  # Reame's passes (not llama-server's)
+    }
     report.update(
         threads=args.threads,
         reps=args.reps,
         max_tokens=MAX_TOKENS,
         draft_max=Settings().draft_max,  # REAME_DRAFT_MAX in the environment, else the default
+        draft_max_used=sorted(used),  # what the engine allowed: the pass check may cap it
         model=args.model or "smollm2-135m (embedded, Q4_1)",
         command=" ".join(["python", "benchmarks/palimpsest.py", *sys.argv[1:]]),
     )

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 
 import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from reame_core.builtins.draft_model import DraftModel
+from reame_core.engine.engine import Engine
+from reame_core.engine.governor import Governor
 from reame_core.settings import Settings
 
 
@@ -186,3 +190,12 @@ def test_the_cache_directory_follows_xdg_unless_set(
 
     monkeypatch.setenv("REAME_CACHE_DIR", str(tmp_path / "mine"))
     assert Settings.load().cache_path == tmp_path / "mine"
+
+
+def test_the_engines_parts_default_to_the_settings_draft_limit() -> None:
+    # An engine, governor or draft model built without the setting (tests, an embedding
+    # application) drafts as far as a server would.
+    default = Settings().draft_max
+    for built in (Engine, Governor):
+        assert inspect.signature(built).parameters["draft_max"].default == default, built
+    assert DraftModel()._longest == default
