@@ -44,10 +44,15 @@ from typing import Any
 import numpy as np
 
 from reame_palimpsest.archive_index import MAX_MATCH, ArchiveIndex, lookup
+from reame_palimpsest.settings import PalimpsestSettings
 
 VOCAB = 49_152
-# The plugin's settings by default (reame_palimpsest/settings.py).
-DRAFTING = {"factor": 1.0, "min_share": 0.1, "min_backing": 0.7}
+_DEFAULTS = PalimpsestSettings.model_validate({})
+DRAFTING = {  # the plugin's settings by default
+    "factor": _DEFAULTS.draft_factor,
+    "min_share": _DEFAULTS.min_share,
+    "min_backing": _DEFAULTS.min_backing,
+}
 
 
 def synthetic_records(n_tokens: int, seed: int = 0) -> list[np.ndarray]:
@@ -67,23 +72,24 @@ def synthetic_records(n_tokens: int, seed: int = 0) -> list[np.ndarray]:
     return records
 
 
-def queries(records: list[np.ndarray], count: int, seed: int = 1) -> dict[str, list[np.ndarray]]:
-    rng = np.random.default_rng(seed)
-    hits = []
+def windows(records: list[np.ndarray], count: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """`count` runs of MAX_MATCH tokens, each at a random point of a random record."""
+    found = []
     for _ in range(count):
         record = records[int(rng.integers(len(records)))]
         end = int(rng.integers(MAX_MATCH, len(record)))
-        hits.append(np.ascontiguousarray(record[end - MAX_MATCH : end]))
+        found.append(np.ascontiguousarray(record[end - MAX_MATCH : end]))
+    return found
+
+
+def queries(records: list[np.ndarray], count: int, seed: int = 1) -> dict[str, list[np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    hits = windows(records, count, rng)
     misses = [rng.integers(0, VOCAB, MAX_MATCH).astype(np.uint32) for _ in range(count)]
     # Text of another kind: the same words, other phrases (as a question about something
     # else than the archive holds): short matches everywhere, long ones nowhere.
     other = synthetic_records(count * MAX_MATCH, seed=seed + 100)
-    unrelated = []
-    for _ in range(count):
-        record = other[int(rng.integers(len(other)))]
-        end = int(rng.integers(MAX_MATCH, len(record)))
-        unrelated.append(np.ascontiguousarray(record[end - MAX_MATCH : end]))
-    return {"hit": hits, "miss": misses, "unrelated": unrelated}
+    return {"hit": hits, "miss": misses, "unrelated": windows(other, count, rng)}
 
 
 def time_lookups(

@@ -203,20 +203,18 @@ class ArchiveIndex:
                 return Match(self, best, found[lengths == best])
         return None
 
-    def followers(self, gram: Sequence[int]) -> np.ndarray:
-        """The tokens that followed the most recent occurrences of `gram`, whose length is
-        one of the anchors."""
-        followers: np.ndarray = self.tokens[
-            self._recent(self.anchors.index(len(gram)), gram_hash(gram))
-        ]
+    def followers(self, table: int, key: int) -> np.ndarray:
+        """The tokens that followed the most recent occurrences of the k-gram hashing to
+        `key` in `table`."""
+        followers: np.ndarray = self.tokens[self._recent(table, key)]
         return followers
 
-    def _end(self, table: int, key: int) -> int:
-        """Where the entries of the k-gram hashing to `key` end in `table`; 0 if there is
-        none. The table's directory narrows the search to a few entries at once."""
+    def _end(self, table: int, mixed: int) -> int:
+        """Where the entries of the k-gram keyed `mixed` (its hash, `_mix`ed) end in
+        `table`; 0 if there is none. The table's directory narrows the search to a few
+        entries at once."""
         keys = self._keys[table]
         shift, directory = self._directories[table]
-        mixed = _mix(key)
         bucket = mixed >> shift
         start = directory[bucket]
         end = bisect.bisect_right(keys, mixed, start, directory[bucket + 1])
@@ -226,15 +224,16 @@ class ArchiveIndex:
         """Where the most recent `CANDIDATES` occurrences of the k-gram hashing to `key`
         end in `table` (the position that follows each); empty if there is none."""
         ends = self._tables[table][1]
-        hi = self._end(table, key)
+        mixed = _mix(key)
+        hi = self._end(table, mixed)
         if not hi:
             return ends[:0]
-        lo = bisect.bisect_left(self._keys[table], _mix(key), max(0, hi - CANDIDATES), hi)
+        lo = bisect.bisect_left(self._keys[table], mixed, max(0, hi - CANDIDATES), hi)
         recent: np.ndarray = ends[lo:hi]
         return recent
 
     def _holds(self, table: int, key: int) -> bool:
-        return self._end(table, key) > 0
+        return self._end(table, _mix(key)) > 0
 
     def backs_nothing(self, table: int, key: int, min_backing: float) -> bool:
         """Whether no token followed `min_backing` of the most recent `CANDIDATES`
@@ -244,7 +243,7 @@ class ArchiveIndex:
         counts = self._counts[table]
         if counts is None:
             return False
-        hi = self._end(table, key)
+        hi = self._end(table, _mix(key))
         if not hi:
             return True
         commonest, seen = counts[0][hi - 1], counts[1][hi - 1]
@@ -353,11 +352,16 @@ def backed(
         k = max((a for a in anchors if a <= reach), default=0)
         if not k:
             return drafted[:j]
-        gram = context[before + j - k : before + j]
-        key = gram_hash(gram)
-        if all(index.backs_nothing(index.anchors.index(k), key, min_backing) for index in indexes):
+        key = gram_hash(context[before + j - k : before + j])
+        tables = [index.anchors.index(k) for index in indexes]
+        if all(
+            index.backs_nothing(table, key, min_backing)
+            for index, table in zip(indexes, tables, strict=True)
+        ):
             return drafted[:j]  # no follower has the share anywhere: the counts below agree
-        followers = [index.followers(gram) for index in indexes]
+        followers = [
+            index.followers(table, key) for index, table in zip(indexes, tables, strict=True)
+        ]
         seen = sum(len(f) for f in followers)
         agree = sum(int(np.count_nonzero(f == token)) for f in followers)
         if agree < min_backing * seen or not seen:
