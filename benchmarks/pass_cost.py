@@ -23,7 +23,11 @@ scripts/patches/ggml-q4_1-row-groups.patch) against ggml's one row at a time. Wi
 --compare-k-quant-row-groups (Q4_K and Q6_K weights where no AMX kernel takes them: x86 with
 AVX2) likewise, Reame's K-quant row groups (`K_QUANT_ROW_GROUPS_ENV`,
 scripts/patches/ggml-k-quant-row-groups.patch; a deterministic server's setting, every
-product) against ggml's 4-row, tiled and one-row kernels. `--sizes` replaces the pass sizes
+product) against ggml's 4-row, tiled and one-row kernels. With --compare-q8_0-row-groups
+(Q8_0 weights, as SmolLM2's output layer, where no AMX kernel takes them: x86 with AVX2)
+likewise, Reame's Q8_0 row groups (`Q8_0_ROW_GROUPS_ENV`,
+scripts/patches/ggml-q8_0-row-groups.patch) against llamafile's kernel, which ggml gives
+every product of two rows or more. `--sizes` replaces the pass sizes
 (prompt chunks too: a pass of 512 tokens is one of a prompt's, whose ratio with logits for
 the last row only the report keeps beside that with logits for every row).
 
@@ -31,6 +35,7 @@ the last row only the report keeps beside that with logits for every row).
     .venv/bin/python benchmarks/pass_cost.py --compare-amx-tiles [--rounds 3] [--reps 5]
     .venv/bin/python benchmarks/pass_cost.py --compare-q4_1-row-groups [--sizes 1 2 4 64 512]
     .venv/bin/python benchmarks/pass_cost.py --compare-k-quant-row-groups --model qwen2.5-coder-1.5b
+    .venv/bin/python benchmarks/pass_cost.py --compare-q8_0-row-groups [--sizes 1 2 4 33]
 """
 
 from __future__ import annotations
@@ -43,7 +48,11 @@ import sys
 import time
 from pathlib import Path
 
-from reame_core.backend.llama import K_QUANT_ROW_GROUPS_ENV, Q4_1_ROW_GROUPS_ENV
+from reame_core.backend.llama import (
+    K_QUANT_ROW_GROUPS_ENV,
+    Q4_1_ROW_GROUPS_ENV,
+    Q8_0_ROW_GROUPS_ENV,
+)
 from reame_core.backend.probe_child import AMX_ROWS_ENV
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -100,11 +109,14 @@ CONFIGS = {
     "one-row": (Q4_1_ROW_GROUPS_ENV, "0"),
     "k-quant-row-groups": (K_QUANT_ROW_GROUPS_ENV, None),  # deterministic: every product
     "ggml-k-quant": (K_QUANT_ROW_GROUPS_ENV, "0"),  # ggml's 4-row, tiled and one-row kernels
+    "q8_0-row-groups": (Q8_0_ROW_GROUPS_ENV, None),
+    "llamafile-q8_0": (Q8_0_ROW_GROUPS_ENV, "0"),  # llamafile's kernel from two rows on
 }
 COMPARISONS = {
     "amx_tiles": ("row-kernels", "ggml-tiles", "tiles_over_row_kernels"),
     "q4_1_row_groups": ("row-groups", "one-row", "one_row_over_row_groups"),
     "k_quant_row_groups": ("k-quant-row-groups", "ggml-k-quant", "ggml_over_row_groups"),
+    "q8_0_row_groups": ("q8_0-row-groups", "llamafile-q8_0", "llamafile_over_row_groups"),
 }
 
 
@@ -145,6 +157,7 @@ def main() -> None:
     parser.add_argument("--compare-amx-tiles", action="store_true")
     parser.add_argument("--compare-q4_1-row-groups", action="store_true")
     parser.add_argument("--compare-k-quant-row-groups", action="store_true")
+    parser.add_argument("--compare-q8_0-row-groups", action="store_true")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("--rounds", type=int, default=3, help="processes per configuration")
     parser.add_argument("--name", default="pass_cost", help="results file name (no extension)")
@@ -172,6 +185,7 @@ def main() -> None:
         "amx_tiles" if args.compare_amx_tiles
         else "q4_1_row_groups" if args.compare_q4_1_row_groups
         else "k_quant_row_groups" if args.compare_k_quant_row_groups
+        else "q8_0_row_groups" if args.compare_q8_0_row_groups
         else None
     )  # fmt: skip
     report["sizes"] = list(sizes)
@@ -183,8 +197,9 @@ def main() -> None:
     else:
         reames, other, key = COMPARISONS[comparison]
         samples: dict[str, dict[tuple[int, str], list[float]]] = {reames: {}, other: {}}
-        for _ in range(args.rounds):
-            for config in samples:
+        for round_ in range(args.rounds):
+            # taking turns at going first: on a shared host the cores' speed drifts
+            for config in list(samples)[:: 1 if round_ % 2 == 0 else -1]:
                 found = measure(
                     __file__, str(model.path), str(args.threads), str(args.reps), config,
                     "--sizes", *map(str, sizes),

@@ -70,6 +70,15 @@
 # N rows go to row groups: each block of the weights unpacked once for all the rows, each row
 # computed as a one-row product computes it. Reame sets the switch (a deterministic server:
 # every product); llama-server keeps ggml's kernels.
+#
+# On every host the source gets patches/ggml-q8_0-row-groups.patch: where no AMX kernel takes
+# Q8_0 weights (x86 with AVX2; SmolLM2's output layer is Q8_0), ggml hands every product of
+# two rows or more to llamafile's kernel, made for products of many rows: SmolLM2's output
+# layer cost 2.3 times as much for two rows as for one there (benchmarks/q8_0_rows.py). With
+# GGML_Q8_0_ROW_GROUPS=N products of 2 to N rows go to row groups: each block of the weights
+# loaded once for up to eight rows, each row computed as a one-row product computes it (as
+# llamafile's kernel computes it too). Reame sets the switch; llama-server keeps ggml's
+# kernels.
 
 cpu_flags=$(grep -m1 -E '^(flags|Features)' "${REAME_CPUINFO:-/proc/cpuinfo}" || true)
 cmake_args="-DGGML_NATIVE=ON"
@@ -80,6 +89,7 @@ patches=(
     "$here/patches/llama-kv-seq-regions.patch"
     "$here/patches/ggml-q4_1-row-groups.patch"
     "$here/patches/ggml-k-quant-row-groups.patch"
+    "$here/patches/ggml-q8_0-row-groups.patch"
 )
 if [[ $(uname -m) == x86_64 ]]; then
     if [[ " $cpu_flags " == *" amx_int8 "* && ${REAME_NO_AMX:-0} != 1 ]]; then

@@ -116,6 +116,16 @@ K_QUANT_ROW_GROUPS_ENV = "GGML_K_QUANT_ROW_GROUPS"
 K_QUANT_ROW_GROUPS = 33
 K_QUANT_ROW_GROUPS_EVERY = 1 << 30
 
+# Products of 2 to N rows with Q8_0 weights (x86 with AVX2; SmolLM2's output layer, a Q8_0
+# model's every layer), which ggml hands to llamafile's kernel from two rows on, made for
+# products of many rows: each block of the weights loaded once for up to eight rows, every
+# row bit-identical to a one-row product, as llamafile's rows are (scripts/patches/
+# ggml-q8_0-row-groups.patch). N: as far as they were measured faster (docs/BENCHMARKS.md,
+# "Q8_0 row groups"): up to eight sequences decoded together, drafts of up to seven tokens
+# verified. Read once per process.
+Q8_0_ROW_GROUPS_ENV = "GGML_Q8_0_ROW_GROUPS"
+Q8_0_ROW_GROUPS = 8
+
 # Graphs llama.cpp keeps besides the last decode's (scripts/patches/llama-graph-cache.patch):
 # it reuses a decode's graph only when the decode before had the same shape, and a draft
 # verified between plain steps changes the shape at almost every step. With the switch it
@@ -379,6 +389,7 @@ class LlamaBackend:
             K_QUANT_ROW_GROUPS_ENV,
             str(K_QUANT_ROW_GROUPS_EVERY if deterministic else K_QUANT_ROW_GROUPS),
         )
+        os.environ.setdefault(Q8_0_ROW_GROUPS_ENV, str(Q8_0_ROW_GROUPS))
         model_params = llama_cpp.llama_model_default_params()
         # False keeps weights out of CPU_REPACK and AMX buffers: the build check's fallback
         # where the default load crashes (reame_core/backend/probe.py).

@@ -15,37 +15,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from row_groups import MAX_BLOCKS, assert_bit_identical, assert_rows_too_long_are_refused, kernels
 from switched import saved_logits
 from test_row_kernels import logits_by_pass
 
 from reame_core.backend.llama import Q4_1_ROW_GROUPS_ENV
 from reame_core.backend.probe import BuildVerdict, cpu_flags
 
-QK = 32  # values per block
 Q4_1 = np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", 16)])
 Q8_1 = np.dtype([("d", "<f2"), ("s", "<f2"), ("qs", "i1", 32)])
-MAX_BLOCKS = 1024  # the longest weight row the kernel takes, in blocks
+DOT, ROWS = "ggml_vec_dot_q4_1_q8_1", "ggml_gemm_q4_1_q8_1_rows"
 
 
 @pytest.fixture(scope="module")
 def ggml_cpu() -> ctypes.CDLL:
-    if "avx2" not in cpu_flags():
-        pytest.skip("the Q4_1 row-group kernel is built for x86 CPUs with AVX2")
-    import llama_cpp
-
-    library = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-cpu.so"))
-    size = ctypes.c_size_t
-    library.ggml_vec_dot_q4_1_q8_1.restype = None
-    library.ggml_vec_dot_q4_1_q8_1.argtypes = [
-        ctypes.c_int, ctypes.c_void_p, size, ctypes.c_void_p, size, ctypes.c_void_p, size,
-        ctypes.c_int,
-    ]  # fmt: skip
-    library.ggml_gemm_q4_1_q8_1_rows.restype = ctypes.c_bool
-    library.ggml_gemm_q4_1_q8_1_rows.argtypes = [
-        ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, size,
-        ctypes.c_void_p, size, ctypes.c_void_p, size,
-    ]  # fmt: skip
-    return library
+    return kernels(DOT, ROWS)
 
 
 def _q4_1(rng: np.random.Generator, rows: int, blocks: int) -> np.ndarray:
@@ -66,33 +50,13 @@ def _q8_1(rng: np.random.Generator, rows: int, blocks: int) -> np.ndarray:
     return values
 
 
-def _one_row_products(library: ctypes.CDLL, weights: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    out = np.zeros((len(rows), len(weights)), np.float32)
-    n = weights.shape[1] * QK
-    for c in range(len(rows)):
-        for r in range(len(weights)):
-            library.ggml_vec_dot_q4_1_q8_1(
-                n, out[c, r:].ctypes.data, 0, weights[r].ctypes.data, 0, rows[c].ctypes.data, 0, 1
-            )
-    return out
-
-
 @pytest.mark.parametrize("blocks", [1, 18, 48, 137])
 @pytest.mark.parametrize("row_count", [2, 3, 7, 8, 9, 16, 17])
 def test_every_output_is_the_one_row_dot_product_bit_for_bit(
     ggml_cpu: ctypes.CDLL, blocks: int, row_count: int
 ) -> None:
     rng = np.random.default_rng(blocks * 100 + row_count)
-    weights = _q4_1(rng, 21, blocks)
-    rows = _q8_1(rng, row_count, blocks)
-    out = np.full((row_count, len(weights)), np.nan, np.float32)
-    done = ggml_cpu.ggml_gemm_q4_1_q8_1_rows(
-        blocks * QK, len(weights), row_count, out.ctypes.data, len(weights),
-        weights.ctypes.data, weights.strides[0], rows.ctypes.data, rows.strides[0],
-    )  # fmt: skip
-    assert done
-    expected = _one_row_products(ggml_cpu, weights, rows)
-    assert np.array_equal(out.view(np.uint32), expected.view(np.uint32))
+    assert_bit_identical(ggml_cpu, DOT, ROWS, _q4_1(rng, 21, blocks), _q8_1(rng, row_count, blocks))
 
 
 def test_weight_rows_too_long_for_its_scratch_are_left_to_the_one_row_kernel(
@@ -100,15 +64,7 @@ def test_weight_rows_too_long_for_its_scratch_are_left_to_the_one_row_kernel(
 ) -> None:
     rng = np.random.default_rng(5)
     blocks = MAX_BLOCKS + 1
-    weights = _q4_1(rng, 1, blocks)
-    rows = _q8_1(rng, 2, blocks)
-    out = np.full((2, 1), np.nan, np.float32)
-    done = ggml_cpu.ggml_gemm_q4_1_q8_1_rows(
-        blocks * QK, 1, 2, out.ctypes.data, 1,
-        weights.ctypes.data, weights.strides[0], rows.ctypes.data, rows.strides[0],
-    )  # fmt: skip
-    assert not done
-    assert np.isnan(out).all()  # nothing written
+    assert_rows_too_long_are_refused(ggml_cpu, ROWS, _q4_1(rng, 1, blocks), _q8_1(rng, 2, blocks))
 
 
 def test_smollm2_logits_are_the_same_with_the_switch_on_and_off(

@@ -76,6 +76,7 @@ EVERY_HOST = [
     "llama-kv-seq-regions.patch",
     "ggml-q4_1-row-groups.patch",
     "ggml-k-quant-row-groups.patch",
+    "ggml-q8_0-row-groups.patch",
 ]
 
 

@@ -1,0 +1,83 @@
+"""The row-group kernels of Reame's build (scripts/patches/ggml-*-row-groups.patch) against
+ggml's one-row dot products, called directly: both take quantized blocks as numpy arrays
+(rows of blocks), and each group kernel must give every output bit for bit as the one-row
+product gives it."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reame_core.backend.probe import cpu_flags
+
+QK = 32  # values per block of the types these kernels take
+MAX_BLOCKS = 1024  # the longest weight row the kernels take, in blocks
+
+
+def kernels(dot: str, rows: str) -> ctypes.CDLL:
+    """The build's CPU library with the one-row product `dot` and its group kernel `rows`
+    declared; the test skipped off x86 with AVX2, where the group kernels are not built."""
+    if "avx2" not in cpu_flags():
+        pytest.skip("the row-group kernels are built for x86 CPUs with AVX2")
+    import llama_cpp
+
+    library = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-cpu.so"))
+    size, pointer, count = ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int
+    getattr(library, dot).restype = None
+    getattr(library, dot).argtypes = [count, pointer, size, pointer, size, pointer, size, count]
+    getattr(library, rows).restype = ctypes.c_bool
+    getattr(library, rows).argtypes = [
+        count,
+        count,
+        count,
+        pointer,
+        size,
+        pointer,
+        size,
+        pointer,
+        size,
+    ]
+    return library
+
+
+def one_row_products(dot: ctypes._CFuncPtr, weights: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """out[c, r]: weight row r times src1 row c, one product at a time."""
+    out = np.zeros((len(rows), len(weights)), np.float32)
+    n = weights.shape[1] * QK
+    for c in range(len(rows)):
+        for r in range(len(weights)):
+            dot(n, out[c, r:].ctypes.data, 0, weights[r].ctypes.data, 0, rows[c].ctypes.data, 0, 1)
+    return out
+
+
+def group_products(
+    gemm: ctypes._CFuncPtr, weights: np.ndarray, rows: np.ndarray
+) -> tuple[bool, np.ndarray]:
+    """Whether the group kernel computed the product, and what it wrote (NaN where nothing)."""
+    out = np.full((len(rows), len(weights)), np.nan, np.float32)
+    done = gemm(
+        weights.shape[1] * QK, len(weights), len(rows), out.ctypes.data, len(weights),
+        weights.ctypes.data, weights.strides[0], rows.ctypes.data, rows.strides[0],
+    )  # fmt: skip
+    return bool(done), out
+
+
+def assert_bit_identical(
+    library: ctypes.CDLL, dot: str, rows_kernel: str, weights: np.ndarray, rows: np.ndarray
+) -> None:
+    done, out = group_products(getattr(library, rows_kernel), weights, rows)
+    assert done
+    expected = one_row_products(getattr(library, dot), weights, rows)
+    assert np.array_equal(out.view(np.uint32), expected.view(np.uint32))
+
+
+def assert_rows_too_long_are_refused(
+    library: ctypes.CDLL, rows_kernel: str, weights: np.ndarray, rows: np.ndarray
+) -> None:
+    assert weights.shape[1] > MAX_BLOCKS
+    done, out = group_products(getattr(library, rows_kernel), weights, rows)
+    assert not done
+    assert np.isnan(out).all()  # nothing written
