@@ -16,7 +16,8 @@ one-token pass cost 5.7 ms that way against 3.0-3.7 ms in the engine).
 With --compare-amx-tiles (a CPU with AMX): the same in fresh processes, alternating, with
 Reame's setting of the AMX row kernels (`AMX_ROWS_ENV`, scripts/patches/ggml-amx-row-kernels.patch)
 and with ggml's own choice (the switch at 1: every product of two rows or more in AMX tiles);
-`--rounds` processes of each, medians over all their repetitions. With
+`--rounds` processes of each, taking turns at going first, the median of each process's
+medians. With
 --compare-q4_1-row-groups (Q4_1 weights where no repacked or AMX kernel takes them, as on an
 AVX2 CPU) likewise, Reame's row groups (`Q4_1_ROW_GROUPS_ENV`,
 scripts/patches/ggml-q4_1-row-groups.patch) against ggml's one row at a time. With
@@ -35,7 +36,7 @@ the last row only the report keeps beside that with logits for every row).
     .venv/bin/python benchmarks/pass_cost.py --compare-amx-tiles [--rounds 3] [--reps 5]
     .venv/bin/python benchmarks/pass_cost.py --compare-q4_1-row-groups [--sizes 1 2 4 64 512]
     .venv/bin/python benchmarks/pass_cost.py --compare-k-quant-row-groups --model qwen2.5-coder-1.5b
-    .venv/bin/python benchmarks/pass_cost.py --compare-q8_0-row-groups [--sizes 1 2 4 33]
+    .venv/bin/python benchmarks/pass_cost.py --compare-q8_0-row-groups [--sizes 1 2 4 8]
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def pass_seconds(
 
 
 # A switch's setting per configuration (None: Reame's), and the comparisons of two: Reame's
-# configuration first, the report's key for the other's time over Reame's.
+# configuration the first of each pair, the report's key for the other's time over Reame's.
 CONFIGS = {
     "row-kernels": (AMX_ROWS_ENV, None),
     "ggml-tiles": (AMX_ROWS_ENV, "1"),  # every product of two rows or more in AMX tiles

@@ -8,7 +8,8 @@ which a product's time does not depend on), timed alone through ggml's CPU backe
 `HUGEPAGES_ENV`) and cold: before each timing a 64 MiB buffer is read, as a decode's other
 layers push the weights out of the caches between two of its output products. Each
 configuration runs in fresh processes (ggml reads the switch once per process), the two
-taking turns `--rounds` times; medians over all their repetitions.
+taking turns `--rounds` times; the median of each process's medians. Each timing includes
+the thread start of ggml's compute call, the same fixed cost both ways.
 
     .venv/bin/python benchmarks/q8_0_rows.py [--sizes 1 2 3 4 6 8 12 16 24 33] [--rounds 8]
 """

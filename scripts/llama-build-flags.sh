@@ -74,7 +74,7 @@
 # On every host the source gets patches/ggml-q8_0-row-groups.patch: where no AMX kernel takes
 # Q8_0 weights (x86 with AVX2; SmolLM2's output layer is Q8_0), ggml hands every product of
 # two rows or more to llamafile's kernel, made for products of many rows: SmolLM2's output
-# layer cost 2.3 times as much for two rows as for one there (benchmarks/q8_0_rows.py). With
+# layer cost about twice as much for two rows as for one there (benchmarks/q8_0_rows.py). With
 # GGML_Q8_0_ROW_GROUPS=N products of 2 to N rows go to row groups: each block of the weights
 # loaded once for up to eight rows, each row computed as a one-row product computes it (as
 # llamafile's kernel computes it too). Reame sets the switch; llama-server keeps ggml's
