@@ -17,11 +17,16 @@ QK = 32  # values per block of the types these kernels take
 MAX_BLOCKS = 1024  # the longest weight row the kernels take, in blocks
 
 
-def kernels(dot: str, rows: str) -> ctypes.CDLL:
-    """The build's CPU library with the one-row product `dot` and its group kernel `rows`
-    declared; the test skipped off x86 with AVX2, where the group kernels are not built."""
+def needs_avx2() -> None:
+    """Skip the test off x86 with AVX2, where the group kernels are not built."""
     if "avx2" not in cpu_flags():
         pytest.skip("the row-group kernels are built for x86 CPUs with AVX2")
+
+
+def kernels(dot: str, rows: str) -> ctypes.CDLL:
+    """The build's CPU library with the one-row product `dot` and its group kernel `rows`
+    declared (the test skipped where they are not built)."""
+    needs_avx2()
     import llama_cpp
 
     library = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-cpu.so"))
@@ -30,16 +35,8 @@ def kernels(dot: str, rows: str) -> ctypes.CDLL:
     getattr(library, dot).argtypes = [count, pointer, size, pointer, size, pointer, size, count]
     getattr(library, rows).restype = ctypes.c_bool
     getattr(library, rows).argtypes = [
-        count,
-        count,
-        count,
-        pointer,
-        size,
-        pointer,
-        size,
-        pointer,
-        size,
-    ]
+        count, count, count, pointer, size, pointer, size, pointer, size,
+    ]  # fmt: skip
     return library
 
 

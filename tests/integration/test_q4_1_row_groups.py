@@ -15,12 +15,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from row_groups import MAX_BLOCKS, assert_bit_identical, assert_rows_too_long_are_refused, kernels
+from row_groups import (
+    MAX_BLOCKS,
+    assert_bit_identical,
+    assert_rows_too_long_are_refused,
+    kernels,
+    needs_avx2,
+)
 from switched import saved_logits
 from test_row_kernels import logits_by_pass
 
 from reame_core.backend.llama import Q4_1_ROW_GROUPS_ENV
-from reame_core.backend.probe import BuildVerdict, cpu_flags
+from reame_core.backend.probe import BuildVerdict
 
 Q4_1 = np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", 16)])
 Q8_1 = np.dtype([("d", "<f2"), ("s", "<f2"), ("qs", "i1", 32)])
@@ -70,8 +76,7 @@ def test_weight_rows_too_long_for_its_scratch_are_left_to_the_one_row_kernel(
 def test_smollm2_logits_are_the_same_with_the_switch_on_and_off(
     build_check: BuildVerdict, smollm2_path: Path, tmp_path: Path
 ) -> None:
-    if "avx2" not in cpu_flags():
-        pytest.skip("the Q4_1 row-group kernel is built for x86 CPUs with AVX2")
+    needs_avx2()
     if "AMX" in (build_check.fact("buffers") or {}):
         pytest.skip("SmolLM2's Q4_1 weights are in ggml's AMX buffer here, off this path")
     on = saved_logits(__file__, smollm2_path, tmp_path / "on.npy", Q4_1_ROW_GROUPS_ENV, "1")

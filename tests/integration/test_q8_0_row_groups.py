@@ -19,12 +19,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from row_groups import MAX_BLOCKS, assert_bit_identical, assert_rows_too_long_are_refused, kernels
+from row_groups import (
+    MAX_BLOCKS,
+    assert_bit_identical,
+    assert_rows_too_long_are_refused,
+    kernels,
+    needs_avx2,
+)
 from switched import saved_logits
 from test_row_kernels import PASSES, logits_by_pass
 
 from reame_core.backend.llama import Q8_0_ROW_GROUPS, Q8_0_ROW_GROUPS_ENV
-from reame_core.backend.probe import BuildVerdict, cpu_flags
+from reame_core.backend.probe import BuildVerdict
 
 Q8_0 = np.dtype([("d", "<f2"), ("qs", "i1", 32)])
 DOT, ROWS = "ggml_vec_dot_q8_0_q8_0", "ggml_gemm_q8_0_q8_0_rows"
@@ -64,8 +70,7 @@ def test_weight_rows_too_long_for_its_scratch_are_left_to_the_other_kernels(
 def test_smollm2_rows_of_every_pass_get_the_logits_of_one_token_steps(
     build_check: BuildVerdict, smollm2_path: Path, tmp_path: Path
 ) -> None:
-    if "avx2" not in cpu_flags():
-        pytest.skip("the Q8_0 row-group kernel is built for x86 CPUs with AVX2")
+    needs_avx2()
     if "AMX" in (build_check.fact("buffers") or {}):
         pytest.skip("SmolLM2's Q8_0 output layer is in ggml's AMX buffer here, off this path")
     assert min(PASSES) < Q8_0_ROW_GROUPS < max(PASSES)  # the groups, and llamafile's beyond
