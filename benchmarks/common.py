@@ -74,6 +74,39 @@ def switch_taking_turns(
     return runs
 
 
+def prompt_and_steps(
+    backend: Any, tokens: Sequence[int], prompt: int, steps: int, digest: Any = None
+) -> tuple[list[float], list[float]]:
+    """Sequence 0's first `prompt` tokens computed three times (the first also faults the
+    buffers' pages in), then `steps` one-token steps after them: the seconds each took.
+    `digest` (a hashlib object), if given, takes every logits row."""
+    import numpy as np
+
+    from reame_core.backend.base import Batch
+
+    def timed(batch: Batch) -> float:
+        began = time.perf_counter()
+        logits = backend.decode(batch)
+        seconds = time.perf_counter() - began
+        if digest is not None:
+            digest.update(np.ascontiguousarray(logits).tobytes())
+        return seconds
+
+    prompt_s = []
+    for _ in range(3):
+        backend.seq_rm(0, 0)
+        batch = Batch()
+        for position in range(prompt):
+            batch.add(tokens[position], position, 0, position == prompt - 1)
+        prompt_s.append(timed(batch))
+    step_s = []
+    for position in range(prompt, prompt + steps):
+        batch = Batch()
+        batch.add(tokens[position], position, 0, True)
+        step_s.append(timed(batch))
+    return prompt_s, step_s
+
+
 class SwitchedRuns:
     """A build switch's benchmark, measured: its arguments, the model's path, and each
     side's runs ("on", "off") in order. (A plain class: the tests load this module without

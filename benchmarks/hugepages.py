@@ -22,7 +22,6 @@ repetitions, the ratios, every repetition's figures.
 from __future__ import annotations
 
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -40,29 +39,14 @@ def _anon_huge_mib() -> float:
 def child(model: str, threads: int) -> dict[str, Any]:
     """One process's figures (the switch as the environment sets it)."""
     import numpy as np
+    from common import prompt_and_steps
 
-    from reame_core.backend.base import Batch
     from reame_core.runtime import planned_backend
     from reame_core.settings import Settings
 
     backend = planned_backend(Settings(model=model, threads=threads, log_level="warning"))
     tokens = [int(t) for t in np.random.default_rng(5).integers(100, 5000, PROMPT + STEPS)]
-    prompt_s = []
-    for _ in range(3):  # the first also faults the buffers' pages in
-        backend.seq_rm(0, 0)
-        batch = Batch()
-        for position in range(PROMPT):
-            batch.add(tokens[position], position, 0, position == PROMPT - 1)
-        began = time.perf_counter()
-        backend.decode(batch)
-        prompt_s.append(time.perf_counter() - began)
-    steps = []
-    for position in range(PROMPT, PROMPT + STEPS):
-        batch = Batch()
-        batch.add(tokens[position], position, 0, True)
-        began = time.perf_counter()
-        backend.decode(batch)
-        steps.append(time.perf_counter() - began)
+    prompt_s, steps = prompt_and_steps(backend, tokens, PROMPT, STEPS)
     huge = _anon_huge_mib()
     backend.close()
     return {

@@ -108,6 +108,7 @@ def load_backend(
         type_v=plan.kv_type_v.value,
         name=preparation.model.name,
         use_extra_bufts=use_extra_bufts,
+        weights=plan.weights.value,
     )
 
 

@@ -60,6 +60,13 @@ class Settings(BaseSettings):
     batch: int | None = Field(
         None, ge=16, description="Most tokens in one decode step (n_batch); default: 512."
     )
+    weights: Literal["read", "mapped"] | None = Field(
+        None,
+        description="How the model's weights are held: read into memory (in huge pages where "
+        "the host gives them: faster decoding) or mapped from the file (the kernel pages them "
+        "in and out, and processes mapping one file share it); default: read where the model "
+        "fits in memory and the host has huge pages.",
+    )
     prefill_chunk: int = Field(
         128,
         ge=1,

@@ -19,6 +19,10 @@ attention on its one-row path, or flash attention is off where the build check t
 prompts much faster that way and found it exact. The values are f16, q8_0 when memory is
 tight.
 
+The weights are read into memory, where ggml's buffers ask for huge pages, when the model is
+small enough that reading it costs little and the host gives huge pages to memory that asks;
+otherwise they stay mapped from the file, llama.cpp's default.
+
 Pure functions of their inputs: tests feed fake facts and check the decisions.
 """
 
@@ -32,7 +36,13 @@ from pydantic import ByteSize, TypeAdapter
 
 from reame_core.autoconfig.facts import HostFacts
 from reame_core.hooktypes import DiskNeed
-from reame_core.models.shape import KVType, ModelShape, default_kv_types, stable_attention
+from reame_core.models.shape import (
+    KVType,
+    ModelShape,
+    Weights,
+    default_kv_types,
+    stable_attention,
+)
 from reame_core.settings import Settings
 
 T = TypeVar("T")
@@ -56,6 +66,13 @@ MIN_DISK_FOR_CACHES = 1 * GIB
 # (docs/BENCHMARKS.md, "What determinism costs"); the margin keeps a noisy timing from
 # switching it.
 FLASH_OFF_GAIN = 1.5
+# Weights read into memory (in huge pages) decode faster than mapped from the file, but each
+# process holds its own copy, where mapped pages are shared by every process that maps the
+# file and paged by the kernel. The largest model the plan reads (docs/BENCHMARKS.md,
+# "Weights read into memory"): SmolLM2's 94 MiB took one-token steps 1.044x faster read,
+# the 1 GiB Qwen2.5-Coder-1.5B (its Q4_K weights repacked into buffers either way, on
+# x86) 1.023x.
+READ_WEIGHTS_MAX = 512 * MIB
 
 
 @dataclass(frozen=True)
@@ -84,6 +101,7 @@ class HostPlan:
     kv_type_k: Choice[KVType]
     kv_type_v: Choice[KVType]
     flash_attn: Choice[bool]
+    weights: Choice[Weights]
     memory: str
     disk_budgets: tuple[DiskBudget, ...] = field(default=())
     warnings: tuple[str, ...] = field(default=())
@@ -101,6 +119,7 @@ class HostPlan:
             ("batch", line(self.batch, str(self.batch.value))),
             ("kv_type", line(self.kv_type_k, _kv_label(self))),
             ("flash_attn", line(self.flash_attn, "on" if self.flash_attn.value else "off")),
+            ("weights", line(self.weights, self.weights.value)),
             ("memory", self.memory),
             *(
                 (f"{budget.need.section} budget", line(budget.bytes, size(budget.bytes.value)))
@@ -197,6 +216,7 @@ def plan_host(
         kv_type_k=kv_k,
         kv_type_v=kv_v,
         flash_attn=flash_attn,
+        weights=_weights(settings, facts, shape, room),
         memory=memory,
         disk_budgets=tuple(
             DiskBudget(need, _disk_budget(settings, facts, need)) for need in disk_needs
@@ -275,6 +295,35 @@ def flash_attn_choice(settings: Settings, attention: AttentionFacts = UNTIMED) -
     if kv_type is None and prompt_gain_without is not None:
         why += f"; this CPU computed a prompt {prompt_gain_without:.2f}x as fast without it"
     return Choice(True, why)
+
+
+def _weights(settings: Settings, facts: HostFacts, shape: ModelShape, room: int) -> Choice[Weights]:
+    if settings.weights is not None:
+        return Choice(settings.weights, "set in the settings", explicit=True)
+    if room < 0:
+        return Choice(
+            "mapped",
+            "the model and its buffers do not fit in the memory available: mapped from the "
+            "file, the kernel reads in and drops its pages as memory allows",
+        )
+    if facts.huge_pages not in ("always", "madvise"):
+        return Choice(
+            "mapped",
+            f"huge pages: {facts.huge_pages} on this host, so weights read into memory would "
+            "sit in 4 KiB pages as mapped ones do; mapped, processes on this host share them",
+        )
+    if shape.file_bytes > READ_WEIGHTS_MAX:
+        return Choice(
+            "mapped",
+            f"a model over {size(READ_WEIGHTS_MAX)}: mapped, the processes that map it share "
+            "its pages and the kernel may page them (read, Qwen2.5-Coder-1.5B's steps ran only "
+            "1.023x faster)",
+        )
+    return Choice(
+        "read",
+        "read into memory in 2 MiB pages: from a mapped file's 4 KiB pages SmolLM2's "
+        "one-token steps ran 1.044x slower",
+    )
 
 
 def _kv_types(

@@ -36,7 +36,7 @@ from reame_core.backend.probe_child import AMX_ROWS, AMX_ROWS_ENV, AMX_WIDE_M_EN
 from reame_core.environment import variable_set
 from reame_core.errors import ModelLoadError
 from reame_core.hooktypes import FimTokens, ModelInfo
-from reame_core.models.shape import KVType, ModelShape, default_kv_types
+from reame_core.models.shape import KVType, ModelShape, Weights, default_kv_types
 
 log = structlog.get_logger(__name__)
 
@@ -372,6 +372,7 @@ class LlamaBackend:
         type_v: KVType | None = None,
         name: str | None = None,
         use_extra_bufts: bool = True,
+        weights: Weights = "mapped",
     ) -> None:
         self.path = Path(path)
         if not self.path.is_file():
@@ -394,6 +395,11 @@ class LlamaBackend:
         # False keeps weights out of CPU_REPACK and AMX buffers: the build check's fallback
         # where the default load crashes (reame_core/backend/probe.py).
         model_params.use_extra_bufts = use_extra_bufts
+        # Read: the weights land in ggml's buffers, which ask for huge pages (HUGEPAGES_ENV);
+        # a mapped file's pages are 4 KiB, and a decode reads every weight.
+        model_params.load_mode = (
+            llama_cpp.LLAMA_LOAD_MODE_NONE if weights == "read" else llama_cpp.LLAMA_LOAD_MODE_AUTO
+        )
         self._model = _on_a_thread_of_its_own(
             llama_cpp.llama_model_load_from_file,
             str(self.path).encode(),
@@ -489,6 +495,7 @@ class LlamaBackend:
             kv_type=type_k if type_k == type_v else f"{type_k}/{type_v}",
             n_threads=n_threads,
             use_extra_bufts=use_extra_bufts,
+            weights=weights,
         )
 
     # ------------------------------------------------------------------ facts
@@ -504,6 +511,7 @@ class LlamaBackend:
         kv_type: str,
         n_threads: int,
         use_extra_bufts: bool,
+        weights: Weights,
     ) -> ModelInfo:
         vocab = self._vocab
 
@@ -541,6 +549,7 @@ class LlamaBackend:
             "llamafile": build_has_llamafile(),
             "use_extra_bufts": use_extra_bufts,
             "flash_attn": self.flash_attn,
+            "weights": weights,
         }
         return ModelInfo(
             name=name,

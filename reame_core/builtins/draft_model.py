@@ -311,9 +311,11 @@ def load_draft(path: Path, name: str, model: ModelInfo) -> LlamaBackend:
         n_threads=model.n_threads,
         name=name,
         # Load the way the target was: the build check may have ruled out the default,
-        # and the host plan chose the faster attention for this CPU and its KV types.
+        # and the host plan chose the faster attention for this CPU and its KV types, and
+        # whether memory allows the weights read.
         use_extra_bufts=bool(model.extra.get("use_extra_bufts", True)),
         flash_attn=bool(model.extra.get("flash_attn", True)),
+        weights="mapped" if model.extra.get("weights") == "mapped" else "read",
         type_k=type_k,
         type_v=type_v,
     )

@@ -63,6 +63,12 @@ def _engine_flags(parser: argparse.ArgumentParser, plugins: PluginHost | None) -
     )
     group.add_argument("--batch", type=int, help="most tokens per decode step")
     group.add_argument(
+        "--weights",
+        choices=["read", "mapped"],
+        help="weights read into memory (huge pages: faster) or mapped from the file "
+        "(shared between processes); default: read where they fit and the host has huge pages",
+    )
+    group.add_argument(
         "--deterministic",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -262,7 +268,7 @@ _MODEL_NAMES = (
 
 def settings_from(args: argparse.Namespace, **extra: Any) -> Settings:
     fields = (
-        "threads", "ctx", "parallel", "kv_type", "cache_dir", "batch", "deterministic",
+        "threads", "ctx", "parallel", "kv_type", "cache_dir", "batch", "weights", "deterministic",
         "adapt_threads", "disable_plugins",
         "log_json", "log_prompts", "log_level", "host", "port", "api_keys", "api_key_file",
         "max_queue", "max_body_bytes", "drain_seconds", "cors_origins", "max_sessions",

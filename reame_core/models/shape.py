@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 KVType = Literal["f16", "q8_0"]
+# How a process holds the model's weights: read into its own memory (ggml's buffers, in huge
+# pages where the host gives them to memory that asks) or mapped from the file (pages the
+# kernel reads in and may drop, shared by every process that maps the file).
+Weights = Literal["read", "mapped"]
 
 # Bytes per element as llama.cpp stores them: q8_0 packs 32 values in 34 bytes.
 KV_TYPE_BYTES: dict[KVType, float] = {"f16": 2.0, "q8_0": 34 / 32}

@@ -13,6 +13,7 @@ from reame_core.autoconfig.facts import HostFacts, physical_cores, read_host_fac
 from reame_core.autoconfig.plan import (
     GIB,
     MIB,
+    READ_WEIGHTS_MAX,
     RUNTIME_RESERVE,
     AttentionFacts,
     Choice,
@@ -337,6 +338,45 @@ def test_the_plan_says_whether_buffers_get_huge_pages_and_warns_where_none() -> 
     assert "huge pages: never" in off.memory
     assert any("transparent huge pages are off" in warning for warning in off.warnings)
     assert "huge pages" not in unknown.memory and not unknown.warnings
+
+
+def test_weights_are_read_into_huge_pages_where_the_host_gives_them_and_memory_allows() -> None:
+    for mode in ("madvise", "always"):
+        result = plan(replace(host(), huge_pages=mode), SMOLLM2)
+        assert result.weights == Choice("read", result.weights.why)
+        assert "2 MiB pages" in result.weights.why
+        assert dict(result.explain())["weights"].startswith("read: ")
+
+
+def test_weights_stay_mapped_without_huge_pages_or_room() -> None:
+    never = plan(replace(host(), huge_pages="never"), SMOLLM2)
+    unknown = plan(host(), SMOLLM2)
+    too_big = plan(replace(host(free_gb=2), huge_pages="madvise"), QWEN_7B)
+
+    assert never.weights.value == unknown.weights.value == "mapped"
+    assert "huge pages: never" in never.weights.why
+    assert "share them" in unknown.weights.why
+    assert too_big.weights.value == "mapped"
+    assert "do not fit" in too_big.weights.why
+
+
+def test_a_model_over_the_read_limit_stays_mapped_however_much_memory() -> None:
+    assert QWEN_15B.file_bytes > READ_WEIGHTS_MAX >= SMOLLM2.file_bytes
+    large = plan(replace(SERVER_16, huge_pages="madvise"), QWEN_15B)
+    small = plan(replace(SERVER_16, huge_pages="madvise"), SMOLLM2)
+
+    assert large.weights.value == "mapped"
+    assert "512 MiB" in large.weights.why
+    assert small.weights.value == "read"
+
+
+def test_weights_set_in_the_settings_win() -> None:
+    tight = plan(replace(host(free_gb=2), huge_pages="madvise"), QWEN_7B, weights="read")
+    roomy = plan(replace(host(), huge_pages="madvise"), SMOLLM2, weights="mapped")
+
+    assert tight.weights == Choice("read", "set in the settings", explicit=True)
+    assert roomy.weights.value == "mapped" and roomy.weights.explicit
+    assert dict(roomy.explain())["weights"] == "mapped (set): set in the settings"
 
 
 FASTER_AND_EXACT = AttentionFacts(prompt_gain_without_flash=4.4, exact_without_flash=True)
