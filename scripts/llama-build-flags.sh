@@ -79,6 +79,14 @@
 # loaded once for up to eight rows, each row computed as a one-row product computes it (as
 # llamafile's kernel computes it too). Reame sets the switch; llama-server keeps ggml's
 # kernels.
+#
+# On every host the source gets patches/ggml-row-groups-chunk.patch: ggml hands a product of
+# two rows or more to its threads in chunks of 16 weight rows (of one row, in chunks of 64),
+# and each chunk costs a step of the threads' shared counter and a call, which in the row
+# groups above converts its src1 rows' scales again: a pass of two tokens of SmolLM2 cost
+# about 1.5 one-token passes. With GGML_ROW_GROUPS_CHUNK=N products of 2 to 32 rows that
+# the row groups take go in chunks of N weight rows; which thread computes a row changes,
+# not how. Reame sets the switch (64); llama-server keeps ggml's chunks.
 
 cpu_flags=$(grep -m1 -E '^(flags|Features)' "${REAME_CPUINFO:-/proc/cpuinfo}" || true)
 cmake_args="-DGGML_NATIVE=ON"
@@ -90,6 +98,7 @@ patches=(
     "$here/patches/ggml-q4_1-row-groups.patch"
     "$here/patches/ggml-k-quant-row-groups.patch"
     "$here/patches/ggml-q8_0-row-groups.patch"
+    "$here/patches/ggml-row-groups-chunk.patch"
 )
 if [[ $(uname -m) == x86_64 ]]; then
     if [[ " $cpu_flags " == *" amx_int8 "* && ${REAME_NO_AMX:-0} != 1 ]]; then

@@ -126,6 +126,14 @@ K_QUANT_ROW_GROUPS_EVERY = 1 << 30
 Q8_0_ROW_GROUPS_ENV = "GGML_Q8_0_ROW_GROUPS"
 Q8_0_ROW_GROUPS = 8
 
+# Products of 2 to 32 rows that the row groups above take (Q4_1, Q8_0, Q6_K) handed to the
+# threads in chunks of this many weight rows, as products of one row are, not ggml's 16: each
+# chunk costs a step of the threads' shared counter and a call that converts its src1 rows'
+# scales again (scripts/patches/ggml-row-groups-chunk.patch). Which thread computes a row
+# changes, not how. Read once per process.
+ROW_GROUPS_CHUNK_ENV = "GGML_ROW_GROUPS_CHUNK"
+ROW_GROUPS_CHUNK = 64
+
 # Graphs llama.cpp keeps besides the last decode's (scripts/patches/llama-graph-cache.patch):
 # it reuses a decode's graph only when the decode before had the same shape, and a draft
 # verified between plain steps changes the shape at almost every step. With the switch it
@@ -391,6 +399,7 @@ class LlamaBackend:
             str(K_QUANT_ROW_GROUPS_EVERY if deterministic else K_QUANT_ROW_GROUPS),
         )
         os.environ.setdefault(Q8_0_ROW_GROUPS_ENV, str(Q8_0_ROW_GROUPS))
+        os.environ.setdefault(ROW_GROUPS_CHUNK_ENV, str(ROW_GROUPS_CHUNK))
         model_params = llama_cpp.llama_model_default_params()
         # False keeps weights out of CPU_REPACK and AMX buffers: the build check's fallback
         # where the default load crashes (reame_core/backend/probe.py).

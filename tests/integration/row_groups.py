@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from switched import saved_logits
+from test_row_kernels import PASSES
 
 from reame_core.backend.probe import cpu_flags
 
@@ -78,3 +80,19 @@ def assert_rows_too_long_are_refused(
     done, out = group_products(getattr(library, rows_kernel), weights, rows)
     assert not done
     assert np.isnan(out).all()  # nothing written
+
+
+def assert_passes_are_one_token_steps_either_way(
+    script: str, model: Path, tmp_path: Path, variable: str, on: str
+) -> None:
+    """Every row of a pass of each size in `PASSES` gets the logits of a one-token step with
+    the switch `variable` at `on`, and every logit is the same with it at "0": each setting in
+    a process of its own (ggml reads its switches once), `script`'s `__main__` saving them."""
+    with_switch = saved_logits(script, model, tmp_path / "on.npy", variable, on)
+    without = saved_logits(script, model, tmp_path / "off.npy", variable, "0")
+    one_token_steps = with_switch[0]
+    for index, size in enumerate(PASSES):
+        assert np.array_equal(
+            with_switch[index].view(np.uint32), one_token_steps.view(np.uint32)
+        ), size
+    assert np.array_equal(with_switch.view(np.uint32), without.view(np.uint32))

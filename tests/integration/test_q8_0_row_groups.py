@@ -22,11 +22,11 @@ import pytest
 from row_groups import (
     MAX_BLOCKS,
     assert_bit_identical,
+    assert_passes_are_one_token_steps_either_way,
     assert_rows_too_long_are_refused,
     kernels,
     needs_avx2,
 )
-from switched import saved_logits
 from test_row_kernels import PASSES, logits_by_pass
 
 from reame_core.backend.llama import Q8_0_ROW_GROUPS, Q8_0_ROW_GROUPS_ENV
@@ -74,14 +74,9 @@ def test_smollm2_rows_of_every_pass_get_the_logits_of_one_token_steps(
     if "AMX" in (build_check.fact("buffers") or {}):
         pytest.skip("SmolLM2's Q8_0 output layer is in ggml's AMX buffer here, off this path")
     assert min(PASSES) < Q8_0_ROW_GROUPS < max(PASSES)  # the groups, and llamafile's beyond
-    on = saved_logits(
-        __file__, smollm2_path, tmp_path / "on.npy", Q8_0_ROW_GROUPS_ENV, str(Q8_0_ROW_GROUPS)
+    assert_passes_are_one_token_steps_either_way(
+        __file__, smollm2_path, tmp_path, Q8_0_ROW_GROUPS_ENV, str(Q8_0_ROW_GROUPS)
     )
-    off = saved_logits(__file__, smollm2_path, tmp_path / "off.npy", Q8_0_ROW_GROUPS_ENV, "0")
-    one_token_steps = on[0]
-    for index, size in enumerate(PASSES):
-        assert np.array_equal(on[index].view(np.uint32), one_token_steps.view(np.uint32)), size
-    assert np.array_equal(on.view(np.uint32), off.view(np.uint32))
 
 
 if __name__ == "__main__":

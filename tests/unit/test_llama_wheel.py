@@ -77,6 +77,7 @@ EVERY_HOST = [
     "ggml-q4_1-row-groups.patch",
     "ggml-k-quant-row-groups.patch",
     "ggml-q8_0-row-groups.patch",
+    "ggml-row-groups-chunk.patch",  # on top of the three row groups'
 ]
 
 
