@@ -6,7 +6,8 @@ the buffers landed: on a shared KVM host, of several contexts of one model loade
 process, one ran 10-15% slower than the others throughout, and which process or context
 drew that was luck. Where the kernel gives huge pages only to memory that asks for them
 (`/sys/kernel/mm/transparent_hugepage/enabled` set to madvise, the usual default), the
-patch asks, for every buffer of 2 MiB or more: weights, KV cache, compute buffers.
+patch asks, for every buffer of 2 MiB or more: weights repacked or read into buffers (not
+those computed from the mapped file: benchmarks/weights.py), KV cache, compute buffers.
 
 Each repetition runs two fresh processes, the switch on and off, taking turns at going
 first (ggml reads the switch once per process). Each loads the model as `reame serve` loads

@@ -46,9 +46,9 @@ def memory_mib(model: str) -> dict[str, float]:
     huge = resident = mappings = 0
     in_model = False
     for line in Path("/proc/self/smaps").read_text().splitlines():
-        fields = line.split()
+        fields = line.split(maxsplit=5)
         if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
-            in_model = fields[-1] == model
+            in_model = len(fields) == 6 and fields[5] == model
             mappings += in_model
         elif fields[0] == "AnonHugePages:":
             huge += int(fields[1])

@@ -65,7 +65,7 @@ class Settings(BaseSettings):
         description="How the model's weights are held: read into memory (in huge pages where "
         "the host gives them: faster decoding) or mapped from the file (the kernel pages them "
         "in and out, and processes mapping one file share it); default: read where the model "
-        "fits in memory and the host has huge pages.",
+        "is at most 512 MiB, fits in memory and the host has huge pages.",
     )
     prefill_chunk: int = Field(
         128,

@@ -84,9 +84,9 @@
 # two rows or more to its threads in chunks of 16 weight rows (of one row, in chunks of 64),
 # and each chunk costs a step of the threads' shared counter and a call, which in the row
 # groups above converts its src1 rows' scales again: a pass of two tokens of SmolLM2 cost
-# about 1.5 one-token passes. With GGML_ROW_GROUPS_CHUNK=N products of 2 to 32 rows that
-# the row groups take go in chunks of N weight rows; which thread computes a row changes,
-# not how. Reame sets the switch (64); llama-server keeps ggml's chunks.
+# 1.56 one-token passes. With GGML_ROW_GROUPS_CHUNK=N products of 2 to 12 rows that the row
+# groups take go in chunks of N weight rows; which thread computes a row changes, not how.
+# Reame sets the switch (64); llama-server keeps ggml's chunks.
 
 cpu_flags=$(grep -m1 -E '^(flags|Features)' "${REAME_CPUINFO:-/proc/cpuinfo}" || true)
 cmake_args="-DGGML_NATIVE=ON"

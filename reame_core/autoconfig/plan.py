@@ -20,8 +20,9 @@ prompts much faster that way and found it exact. The values are f16, q8_0 when m
 tight.
 
 The weights are read into memory, where ggml's buffers ask for huge pages, when the model is
-small enough that reading it costs little and the host gives huge pages to memory that asks;
-otherwise they stay mapped from the file, llama.cpp's default.
+at most `READ_WEIGHTS_MAX`, fits with its buffers and KV cache, and the host gives huge pages
+to memory that asks; otherwise they stay mapped from the file, llama.cpp's default, whose
+pages every process mapping the file shares and the kernel may page.
 
 Pure functions of their inputs: tests feed fake facts and check the decisions.
 """
@@ -68,10 +69,10 @@ MIN_DISK_FOR_CACHES = 1 * GIB
 FLASH_OFF_GAIN = 1.5
 # Weights read into memory (in huge pages) decode faster than mapped from the file, but each
 # process holds its own copy, where mapped pages are shared by every process that maps the
-# file and paged by the kernel. The largest model the plan reads (docs/BENCHMARKS.md,
-# "Weights read into memory"): SmolLM2's 94 MiB took one-token steps 1.044x faster read,
-# the 1 GiB Qwen2.5-Coder-1.5B (its Q4_K weights repacked into buffers either way, on
-# x86) 1.023x.
+# file and paged by the kernel. The largest model the plan reads, a policy between the two
+# models measured (docs/BENCHMARKS.md, "Weights read into memory"): SmolLM2's 94 MiB took
+# one-token steps 1.044x faster read, the 1 GiB Qwen2.5-Coder-1.5B (its Q4_K weights
+# repacked into buffers either way, on x86) 1.023x.
 READ_WEIGHTS_MAX = 512 * MIB
 
 
@@ -216,7 +217,7 @@ def plan_host(
         kv_type_k=kv_k,
         kv_type_v=kv_v,
         flash_attn=flash_attn,
-        weights=_weights(settings, facts, shape, room),
+        weights=_weights(settings, facts, shape, room - kv_bytes),
         memory=memory,
         disk_budgets=tuple(
             DiskBudget(need, _disk_budget(settings, facts, need)) for need in disk_needs
@@ -298,13 +299,14 @@ def flash_attn_choice(settings: Settings, attention: AttentionFacts = UNTIMED) -
 
 
 def _weights(settings: Settings, facts: HostFacts, shape: ModelShape, room: int) -> Choice[Weights]:
+    """Read or mapped; `room`: the memory left after the model, its buffers and KV cache."""
     if settings.weights is not None:
         return Choice(settings.weights, "set in the settings", explicit=True)
     if room < 0:
         return Choice(
             "mapped",
-            "the model and its buffers do not fit in the memory available: mapped from the "
-            "file, the kernel reads in and drops its pages as memory allows",
+            "the model, its buffers and KV cache do not fit in the memory available: mapped "
+            "from the file, the kernel reads in and drops its pages as memory allows",
         )
     if facts.huge_pages not in ("always", "madvise"):
         return Choice(

@@ -126,7 +126,7 @@ K_QUANT_ROW_GROUPS_EVERY = 1 << 30
 Q8_0_ROW_GROUPS_ENV = "GGML_Q8_0_ROW_GROUPS"
 Q8_0_ROW_GROUPS = 8
 
-# Products of 2 to 32 rows that the row groups above take (Q4_1, Q8_0, Q6_K) handed to the
+# Products of 2 to 12 rows that the row groups above take (Q4_1, Q8_0, Q6_K) handed to the
 # threads in chunks of this many weight rows, as products of one row are, not ggml's 16: each
 # chunk costs a step of the threads' shared counter and a call that converts its src1 rows'
 # scales again (scripts/patches/ggml-row-groups-chunk.patch). Which thread computes a row

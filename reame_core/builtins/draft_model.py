@@ -315,7 +315,7 @@ def load_draft(path: Path, name: str, model: ModelInfo) -> LlamaBackend:
         # whether memory allows the weights read.
         use_extra_bufts=bool(model.extra.get("use_extra_bufts", True)),
         flash_attn=bool(model.extra.get("flash_attn", True)),
-        weights="mapped" if model.extra.get("weights") == "mapped" else "read",
+        weights="read" if model.extra.get("weights") == "read" else "mapped",
         type_k=type_k,
         type_v=type_v,
     )

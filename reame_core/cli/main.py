@@ -66,7 +66,8 @@ def _engine_flags(parser: argparse.ArgumentParser, plugins: PluginHost | None) -
         "--weights",
         choices=["read", "mapped"],
         help="weights read into memory (huge pages: faster) or mapped from the file "
-        "(shared between processes); default: read where they fit and the host has huge pages",
+        "(shared between processes); default: read for a model of at most 512 MiB that fits, "
+        "where the host has huge pages",
     )
     group.add_argument(
         "--deterministic",

@@ -360,6 +360,14 @@ def test_weights_stay_mapped_without_huge_pages_or_room() -> None:
     assert "do not fit" in too_big.weights.why
 
 
+def test_weights_stay_mapped_where_the_kv_cache_set_does_not_fit_beside_them() -> None:
+    result = plan(replace(host(free_gb=1), huge_pages="madvise"), SMOLLM2, parallel=64, ctx=8192)
+
+    assert any("expect swapping" in warning for warning in result.warnings)
+    assert result.weights.value == "mapped"
+    assert "KV cache do not fit" in result.weights.why
+
+
 def test_a_model_over_the_read_limit_stays_mapped_however_much_memory() -> None:
     assert QWEN_15B.file_bytes > READ_WEIGHTS_MAX >= SMOLLM2.file_bytes
     large = plan(replace(SERVER_16, huge_pages="madvise"), QWEN_15B)
