@@ -74,23 +74,47 @@ def switch_taking_turns(
     return runs
 
 
+def memory_mib(model: str) -> dict[str, float]:
+    """This process's memory in huge pages (AnonHugePages), its mappings of the model file
+    `model` (a resolved path) and their resident pages."""
+    huge = resident = mappings = 0
+    in_model = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+            in_model = len(fields) == 6 and fields[5] == model
+            mappings += in_model
+        elif fields[0] == "AnonHugePages:":
+            huge += int(fields[1])
+        elif fields[0] == "Rss:" and in_model:
+            resident += int(fields[1])
+    return {
+        "anon_huge_pages_mib": round(huge / 1024, 1),
+        "file_mappings": mappings,
+        "file_mapped_mib": round(resident / 1024, 1),
+    }
+
+
+def timed_decode(backend: Any, batch: Any, digest: Any = None) -> float:
+    """The seconds `backend` took to decode `batch`; `digest` (a hashlib object), if given,
+    takes every logits row."""
+    import numpy as np
+
+    began = time.perf_counter()
+    logits = backend.decode(batch)
+    seconds = time.perf_counter() - began
+    if digest is not None:
+        digest.update(np.ascontiguousarray(logits).tobytes())
+    return seconds
+
+
 def prompt_and_steps(
     backend: Any, tokens: Sequence[int], prompt: int, steps: int, digest: Any = None
 ) -> tuple[list[float], list[float]]:
     """Sequence 0's first `prompt` tokens computed three times (the first also faults the
     buffers' pages in), then `steps` one-token steps after them: the seconds each took.
     `digest` (a hashlib object), if given, takes every logits row."""
-    import numpy as np
-
     from reame_core.backend.base import Batch
-
-    def timed(batch: Batch) -> float:
-        began = time.perf_counter()
-        logits = backend.decode(batch)
-        seconds = time.perf_counter() - began
-        if digest is not None:
-            digest.update(np.ascontiguousarray(logits).tobytes())
-        return seconds
 
     prompt_s = []
     for _ in range(3):
@@ -98,12 +122,12 @@ def prompt_and_steps(
         batch = Batch()
         for position in range(prompt):
             batch.add(tokens[position], position, 0, position == prompt - 1)
-        prompt_s.append(timed(batch))
+        prompt_s.append(timed_decode(backend, batch, digest))
     step_s = []
     for position in range(prompt, prompt + steps):
         batch = Batch()
         batch.add(tokens[position], position, 0, True)
-        step_s.append(timed(batch))
+        step_s.append(timed_decode(backend, batch, digest))
     return prompt_s, step_s
 
 

@@ -14,7 +14,7 @@ first (ggml reads the switch once per process). Each loads the model as `reame s
 it on this host, computes a prompt of `PROMPT` tokens three times, then `STEPS` one-token steps, and
 reports the prompt's tokens per second (the best of two more, and the first, which also
 faults the buffers' pages in), the median step, and how much of its memory was in
-huge pages (AnonHugePages of /proc/self/smaps_rollup). Reported: medians over the
+huge pages (AnonHugePages of /proc/self/smaps). Reported: medians over the
 repetitions, the ratios, every repetition's figures.
 
     .venv/bin/python benchmarks/hugepages.py [--model PATH] [--reps 6] [--name hugepages]
@@ -23,24 +23,16 @@ repetitions, the ratios, every repetition's figures.
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 from typing import Any
 
 PROMPT = 256
 STEPS = 120
 
 
-def _anon_huge_mib() -> float:
-    for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
-        if line.startswith("AnonHugePages:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def child(model: str, threads: int) -> dict[str, Any]:
     """One process's figures (the switch as the environment sets it)."""
     import numpy as np
-    from common import prompt_and_steps
+    from common import memory_mib, prompt_and_steps
 
     from reame_core.runtime import planned_backend
     from reame_core.settings import Settings
@@ -48,7 +40,7 @@ def child(model: str, threads: int) -> dict[str, Any]:
     backend = planned_backend(Settings(model=model, threads=threads, log_level="warning"))
     tokens = [int(t) for t in np.random.default_rng(5).integers(100, 5000, PROMPT + STEPS)]
     prompt_s, steps = prompt_and_steps(backend, tokens, PROMPT, STEPS)
-    huge = _anon_huge_mib()
+    huge = memory_mib(model)["anon_huge_pages_mib"]
     backend.close()
     return {
         "first_prompt_tok_s": round(PROMPT / prompt_s[0], 1),

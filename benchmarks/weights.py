@@ -40,31 +40,10 @@ TIMES = 30
 WAYS = ("read", "mapped")
 
 
-def memory_mib(model: str) -> dict[str, float]:
-    """This process's memory in huge pages (AnonHugePages), its mappings of the model file
-    `model` (a resolved path) and their resident pages."""
-    huge = resident = mappings = 0
-    in_model = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        fields = line.split(maxsplit=5)
-        if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
-            in_model = len(fields) == 6 and fields[5] == model
-            mappings += in_model
-        elif fields[0] == "AnonHugePages:":
-            huge += int(fields[1])
-        elif fields[0] == "Rss:" and in_model:
-            resident += int(fields[1])
-    return {
-        "anon_huge_pages_mib": round(huge / 1024, 1),
-        "file_mappings": mappings,
-        "file_mapped_mib": round(resident / 1024, 1),
-    }
-
-
 def child(model: str, threads: int, first: str) -> dict[str, Any]:
     """One process's figures, the weights loaded `first` way first."""
     import numpy as np
-    from common import prompt_and_steps
+    from common import memory_mib, prompt_and_steps, timed_decode
 
     from reame_core.autoconfig.plan import Choice
     from reame_core.backend.base import Batch
@@ -99,10 +78,7 @@ def child(model: str, threads: int, first: str) -> dict[str, Any]:
             for position in range(start, start + BLOCK):
                 batch = Batch()
                 batch.add(tokens[position], position, 0, True)
-                began = time.perf_counter()
-                logits = backends[way].decode(batch)
-                steps[way].append(time.perf_counter() - began)
-                digests[way].update(np.ascontiguousarray(logits).tobytes())
+                steps[way].append(timed_decode(backends[way], batch, digests[way]))
     end = PROMPT + STEPS
     passes: dict[str, dict[int, list[float]]] = {way: {n: [] for n in PASSES} for way in order}
     for time_ in range(TIMES):
@@ -111,10 +87,7 @@ def child(model: str, threads: int, first: str) -> dict[str, Any]:
                 batch = Batch()
                 for offset in range(n):
                     batch.add(tokens[end + offset], end + offset, 0, True)
-                began = time.perf_counter()
-                rows = backends[way].decode(batch)
-                passes[way][n].append(time.perf_counter() - began)
-                digests[way].update(np.ascontiguousarray(rows).tobytes())
+                passes[way][n].append(timed_decode(backends[way], batch, digests[way]))
                 backends[way].seq_rm(0, end)
     memory = memory_mib(path)
     for backend in backends.values():

@@ -30,7 +30,7 @@ def _child(model: str, weights: Weights) -> None:
         batch.add(token, position, 0, True)
     logits = np.array(backend.decode(batch))
     sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-    from weights import memory_mib  # the benchmark's reading of /proc/self/smaps
+    from common import memory_mib  # the benchmarks' reading of /proc/self/smaps
 
     memory = memory_mib(str(Path(model).resolve()))
     print(
