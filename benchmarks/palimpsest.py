@@ -16,7 +16,12 @@ Workloads (single stream, greedy, chat prompts; the embedded SmolLM2-135M unless
              decoded knowing which draft tokens come true (plain steps or any draft at any
              length), with both sources against prompt lookup alone, passes of n tokens
              priced by benchmarks/pass_cost.py after the reps. No governor beats it with
-             these drafts on this host.
+             these drafts on this host. And a reference for the governor (the policy
+             reference): the same answers decoded by a governor that knows from the
+             start how often each kind of the drafts the plugin offers (backing check
+             applied) and prompt lookup's come true, position by position, counted over
+             these very answers, but not which will, verifying at each position the
+             draft and length with the most expected tokens per second.
   unrelated  20 general questions, the archive holding the product descriptions: with the
              archive against without (the cost of looking up and of drafts that miss).
 Configurations: `with` (built-in draft sources and the palimpsest plugin, the governor
@@ -150,14 +155,15 @@ def _generate(runtime: Any, prompt: list[int]) -> Any:
 
 def _foresight(
     plugin: Any, indexes: Any, prompt: list[int], output: list[int], draft_max: int
-) -> list[tuple[int, int, int, int]]:
+) -> list[tuple[int, int, int, int, int, int, str]]:
     """At each position of `output`: the length of the draft the archive's `indexes` give
     there (without the backing check) and how many of its tokens came true, then the same
-    for prompt lookup's draft."""
+    for prompt lookup's draft, then for the archive's draft as the plugin offers it (the
+    backing check applied) and that draft's kind."""
     import numpy as np
 
     from reame_core.builtins.prompt_lookup import NgramIndex, PromptLookupSettings
-    from reame_palimpsest.archive_index import MAX_MATCH
+    from reame_palimpsest.archive_index import MAX_MATCH, kind_of
     from reame_palimpsest.archive_index import lookup as archive_lookup
 
     s = plugin.settings
@@ -172,8 +178,23 @@ def _foresight(
         archived = archive_lookup(
             tail, indexes, draft_max, factor=s.draft_factor, min_share=s.min_share
         ).tokens
+        offered = archive_lookup(
+            tail,
+            indexes,
+            draft_max,
+            factor=s.draft_factor,
+            min_share=s.min_share,
+            min_backing=s.min_backing,
+        )
         copied = copier.propose(draft_max)
-        found.append((*_came_true(archived, output[t:]), *_came_true(copied, output[t:])))
+        found.append(
+            (
+                *_came_true(archived, output[t:]),
+                *_came_true(copied, output[t:]),
+                *_came_true(offered.tokens, output[t:]),
+                kind_of(offered.match) if offered.tokens else "",
+            )
+        )
         copier.extend(output[t : t + 1])
     return found
 
@@ -187,7 +208,10 @@ def _came_true(tokens: tuple[int, ...], truth: list[int]) -> tuple[int, int]:
     return len(tokens), right
 
 
-ARCHIVE, LOOKUP = 0, 1  # the sources of `_foresight`'s positions, in their order
+ARCHIVE, LOOKUP, OFFERED = 0, 1, 2  # the drafts of `_foresight`'s positions, in their order
+KIND = 6  # where `_foresight`'s positions give the offered draft's kind
+LOOKUP_KIND = "prompt lookup"
+POOLED_FROM = 8  # draft positions from here on share one acceptance in `policy_reference`
 
 
 def _fastest(answer: list[list[int]], seconds: dict[int, float], sources: tuple[int, ...]) -> float:
@@ -214,6 +238,79 @@ def ceiling_with_foresight(foresight: list[list[list[int]]], seconds: dict[int, 
     with both."""
     alone = sum(_fastest(answer, seconds, (LOOKUP,)) for answer in foresight)
     both = sum(_fastest(answer, seconds, (ARCHIVE, LOOKUP)) for answer in foresight)
+    return alone / both if both else 1.0
+
+
+def _kind(position: list[Any], source: int) -> str:
+    return LOOKUP_KIND if source == LOOKUP else str(position[KIND])
+
+
+def acceptance_tables(foresight: list[list[list[Any]]]) -> dict[str, list[float]]:
+    """How often each kind of draft (the archive's as offered, by kind; prompt lookup's)
+    came true at each position, given that the tokens before it did, over every position
+    of every answer: the tables a governor that had seen all these drafts would hold
+    (positions from `POOLED_FROM` on pooled)."""
+    counts: dict[str, list[list[int]]] = {}
+    for answer in foresight:
+        for position in answer:
+            for source in (OFFERED, LOOKUP):
+                length, right = position[2 * source], position[2 * source + 1]
+                if not length:
+                    continue
+                rows = counts.setdefault(
+                    _kind(position, source), [[0, 0] for _ in range(POOLED_FROM + 1)]
+                )
+                for j in range(min(length, right + 1)):  # reached: every token up to the first miss
+                    row = rows[min(j, POOLED_FROM)]
+                    row[0] += 1
+                    row[1] += j < right
+    return {
+        kind: [right / reached if reached else 0.0 for reached, right in rows]
+        for kind, rows in counts.items()
+    }
+
+
+def _governed(
+    answer: list[list[Any]],
+    seconds: dict[int, float],
+    sources: tuple[int, ...],
+    tables: dict[str, list[float]],
+) -> float:
+    """The time `answer` takes when, at each position reached, the draft (of `sources`)
+    and length with the most expected tokens per second by `tables` is verified, or none
+    if plain decoding is expected faster; the drafts' tokens that come true are taken."""
+    t, spent = 0, 0.0
+    while t < len(answer):
+        position = answer[t]
+        best_rate, best_k, best_right = 1.0 / seconds[1], 0, 0
+        for source in sources:
+            length, right = position[2 * source], position[2 * source + 1]
+            rates = tables.get(_kind(position, source)) if length else None
+            if not rates:
+                continue
+            reach, expected = 1.0, 0.0
+            for k in range(1, length + 1):
+                reach *= rates[min(k - 1, POOLED_FROM)]
+                expected += reach
+                rate = (1.0 + expected) / seconds[k + 1]
+                if rate > best_rate:
+                    best_rate, best_k, best_right = rate, k, right
+        spent += seconds[best_k + 1]
+        t += min(best_k, best_right) + 1
+    return spent
+
+
+def policy_reference(foresight: list[list[list[Any]]], seconds: dict[int, float]) -> float:
+    """How much faster the archive's drafts make decoding, prompt lookup's drafts used on
+    both sides, for a governor that knows from the start how often each kind of draft
+    comes true position by position (`acceptance_tables`, counted over these very
+    answers) but not which draft will, and prices passes by `seconds`: the time with
+    prompt lookup alone over the time with both (`_governed`). A reference for the
+    governor, which learns its tables as it goes and only from the positions it reaches;
+    the ceiling with foresight is what no governor can beat."""
+    tables = acceptance_tables(foresight)
+    alone = sum(_governed(answer, seconds, (LOOKUP,), tables) for answer in foresight)
+    both = sum(_governed(answer, seconds, (OFFERED, LOOKUP), tables) for answer in foresight)
     return alone / both if both else 1.0
 
 
@@ -489,11 +586,18 @@ def main() -> None:
             ratios = [w / o for w, o in zip(rates["with"], rates["without"], strict=True)]
             row["with_vs_without"] = round(statistics.median(ratios), 3)
             row["with_vs_without_by_rep"] = [round(r, 3) for r in ratios]
-            ceilings = [ceiling_with_foresight(r["with"].pop("foresight"), pass_ms) for r in runs]
+            foresights = [r["with"].pop("foresight") for r in runs]
+            ceilings = [ceiling_with_foresight(f, pass_ms) for f in foresights]
             row["ceiling_with_foresight"] = round(statistics.median(ceilings), 3)
             row["ceiling_with_foresight_by_rep"] = [round(c, 3) for c in ceilings]
             share = row["with_vs_without"] / row["ceiling_with_foresight"]
             row["share_of_ceiling"] = round(share, 3)
+            references = [policy_reference(f, pass_ms) for f in foresights]
+            row["policy_reference"] = round(statistics.median(references), 3)
+            row["policy_reference_by_rep"] = [round(r, 3) for r in references]
+            row["share_of_policy_reference"] = round(
+                row["with_vs_without"] / row["policy_reference"], 3
+            )
             row["pass_ms_for_the_ceiling"] = {n: round(ms, 2) for n, ms in pass_ms.items()}
             row["outputs_identical_to_without"] = [_same(r["with"], r["without"]) for r in runs]
             mine = "with"

@@ -96,3 +96,60 @@ def test_a_draft_is_found_for_each_position_and_scored_against_the_answer() -> N
     assert bench._came_true((5, 6, 7), [5, 6, 9, 9]) == (3, 2)
     assert bench._came_true((5, 6, 7), [5, 6]) == (3, 2)  # the answer ends
     assert bench._came_true((), [1]) == (0, 0)
+
+
+# The policy reference: positions as `_foresight` gives them (the archive's draft without
+# the backing check, prompt lookup's, the archive's as offered, and its kind).
+
+
+def _position(lookup: tuple[int, int], offered: tuple[int, int], kind: str = "match 3-7") -> list:
+    return [*offered, *lookup, *offered, kind if offered[0] else ""]
+
+
+@st.composite
+def governed_answers(draw: st.DrawFn) -> list[list]:
+    """`answers` whose archive drafts are also offered (the backing check passed), each of
+    a kind."""
+    kinds = st.sampled_from(["match 1", "match 16+"])
+    return [
+        [*position, *position[:2], draw(kinds) if position[0] else ""]
+        for position in draw(answers())
+    ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(answers=st.lists(governed_answers(), min_size=1, max_size=3))
+def test_no_governor_decodes_faster_than_foresight(answers: list[list]) -> None:
+    tables = bench.acceptance_tables(answers)
+    for answer in answers:
+        for sources, seen in (
+            ((bench.LOOKUP,), (bench.LOOKUP,)),
+            ((bench.OFFERED, bench.LOOKUP), BOTH),
+        ):
+            governed = bench._governed(answer, SECONDS, sources, tables)
+            assert governed >= bench._fastest(answer, SECONDS, seen) - 1e-12
+
+
+def test_acceptance_is_counted_by_kind_and_position_up_to_the_first_miss() -> None:
+    answer = [
+        _position((0, 0), (3, 1), "match 2"),  # reached 0 (right) and 1 (wrong)
+        _position((4, 4), (2, 2), "match 2"),  # reached 0 and 1, both right
+        _position((2, 0), (0, 0)),
+    ]
+    tables = bench.acceptance_tables([answer])
+    assert tables["match 2"][:3] == [1.0, 0.5, 0.0]
+    assert tables[bench.LOOKUP_KIND][:4] == [0.5, 1.0, 1.0, 1.0]
+
+
+def test_drafts_of_a_kind_that_never_comes_true_are_not_verified() -> None:
+    answer = [_position((0, 0), (8, 0))] * 10
+    assert bench.policy_reference([answer], SECONDS) == pytest.approx(1.0)
+    tables = bench.acceptance_tables([answer])
+    both = (bench.OFFERED, bench.LOOKUP)
+    assert bench._governed(answer, SECONDS, both, tables) == pytest.approx(10 * SECONDS[1])
+
+
+def test_drafts_that_always_come_true_are_verified_whole() -> None:
+    # 9 tokens; the archive offers 8 at position 0, all right, and its kind never misses.
+    answer = [_position((0, 0), (8, 8)), *[_position((0, 0), (0, 0))] * 8]
+    assert bench.policy_reference([answer], SECONDS) == pytest.approx(9 * SECONDS[1] / SECONDS[9])
