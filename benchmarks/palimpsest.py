@@ -214,7 +214,7 @@ LOOKUP_KIND = "prompt lookup"
 POOLED_FROM = 8  # draft positions from here on share one acceptance in `policy_reference`
 
 
-def _fastest(answer: list[list[int]], seconds: dict[int, float], sources: tuple[int, ...]) -> float:
+def _fastest(answer: list[list[Any]], seconds: dict[int, float], sources: tuple[int, ...]) -> float:
     """The least time in which `answer` could be decoded from the drafts `_foresight`
     found (those of `sources`), knowing which of their tokens come true: at each
     position reached, plain decoding or one draft cut to any length (`seconds[n]`: a pass
@@ -231,7 +231,7 @@ def _fastest(answer: list[list[int]], seconds: dict[int, float], sources: tuple[
     return least[0]
 
 
-def ceiling_with_foresight(foresight: list[list[list[int]]], seconds: dict[int, float]) -> float:
+def ceiling_with_foresight(foresight: list[list[list[Any]]], seconds: dict[int, float]) -> float:
     """How much faster the archive's drafts could make decoding, prompt lookup's drafts
     used on both sides, if every draft were verified at the best length knowing which of
     its tokens come true: the least time with prompt lookup alone over the least time
@@ -252,7 +252,7 @@ def acceptance_tables(foresight: list[list[list[Any]]]) -> dict[str, list[float]
     (positions from `POOLED_FROM` on pooled)."""
     counts: dict[str, list[list[int]]] = {}
     for answer in foresight:
-        for position in answer:
+        for t, position in enumerate(answer):
             for source in (OFFERED, LOOKUP):
                 length, right = position[2 * source], position[2 * source + 1]
                 if not length:
@@ -260,7 +260,10 @@ def acceptance_tables(foresight: list[list[list[Any]]]) -> dict[str, list[float]
                 rows = counts.setdefault(
                     _kind(position, source), [[0, 0] for _ in range(POOLED_FROM + 1)]
                 )
-                for j in range(min(length, right + 1)):  # reached: every token up to the first miss
+                # Reached: every token up to the first miss, but none past the answer's end
+                # (a draft right to the end has no miss to count).
+                reached = right if t + right >= len(answer) else min(length, right + 1)
+                for j in range(reached):
                     row = rows[min(j, POOLED_FROM)]
                     row[0] += 1
                     row[1] += j < right
@@ -306,8 +309,9 @@ def policy_reference(foresight: list[list[list[Any]]], seconds: dict[int, float]
     comes true position by position (`acceptance_tables`, counted over these very
     answers) but not which draft will, and prices passes by `seconds`: the time with
     prompt lookup alone over the time with both (`_governed`). A reference for the
-    governor, which learns its tables as it goes and only from the positions it reaches;
-    the ceiling with foresight is what no governor can beat."""
+    governor, which learns its tables as it goes and only from the positions it reaches.
+    No governor decodes faster than foresight (`_fastest`), but this ratio may exceed the
+    ceiling's: both of its sides are governed."""
     tables = acceptance_tables(foresight)
     alone = sum(_governed(answer, seconds, (LOOKUP,), tables) for answer in foresight)
     both = sum(_governed(answer, seconds, (OFFERED, LOOKUP), tables) for answer in foresight)

@@ -1,6 +1,7 @@
 """The near-repeat benchmark's ceiling with foresight (benchmarks/palimpsest.py): the least
 decode time the drafts found at each position allow, knowing which of their tokens come
-true, against a brute-force search over every way to decode."""
+true, against a brute-force search over every way to decode; and its policy reference: a
+governor that knows how often each kind of draft comes true, never faster than foresight."""
 
 from __future__ import annotations
 
@@ -108,13 +109,16 @@ def _position(lookup: tuple[int, int], offered: tuple[int, int], kind: str = "ma
 
 @st.composite
 def governed_answers(draw: st.DrawFn) -> list[list]:
-    """`answers` whose archive drafts are also offered (the backing check passed), each of
-    a kind."""
+    """`answers` with the archive's drafts as offered: a prefix of each (the backing check
+    cuts a draft, never extends it), of a kind."""
     kinds = st.sampled_from(["match 1", "match 16+"])
-    return [
-        [*position, *position[:2], draw(kinds) if position[0] else ""]
-        for position in draw(answers())
-    ]
+    governed = []
+    for position in draw(answers()):
+        length, right = position[0], position[1]
+        offered = draw(st.integers(0, length))
+        kind = draw(kinds) if offered else ""
+        governed.append([*position, offered, min(offered, right), kind])
+    return governed
 
 
 @settings(max_examples=200, deadline=None)
@@ -139,6 +143,20 @@ def test_acceptance_is_counted_by_kind_and_position_up_to_the_first_miss() -> No
     tables = bench.acceptance_tables([answer])
     assert tables["match 2"][:3] == [1.0, 0.5, 0.0]
     assert tables[bench.LOOKUP_KIND][:4] == [0.5, 1.0, 1.0, 1.0]
+
+
+def test_a_draft_right_to_the_answers_end_counts_no_miss() -> None:
+    # 5 tokens: at position 0 a draft of 3, all right; at position 3 a draft of 4 whose two
+    # tokens within the answer are right (its third is past the end, neither right nor wrong).
+    nothing = _position((0, 0), (0, 0))
+    answer = [
+        _position((0, 0), (3, 3), "match 2"),
+        nothing,
+        nothing,
+        _position((0, 0), (4, 2), "match 2"),
+        nothing,
+    ]
+    assert bench.acceptance_tables([answer])["match 2"][:3] == [1.0, 1.0, 1.0]
 
 
 def test_drafts_of_a_kind_that_never_comes_true_are_not_verified() -> None:
