@@ -139,6 +139,8 @@ def test_acceptance_is_counted_by_kind_and_position_up_to_the_first_miss() -> No
         _position((0, 0), (3, 1), "match 2"),  # reached 0 (right) and 1 (wrong)
         _position((4, 4), (2, 2), "match 2"),  # reached 0 and 1, both right
         _position((2, 0), (0, 0)),
+        _position((0, 0), (0, 0)),
+        _position((0, 0), (0, 0)),
     ]
     tables = bench.acceptance_tables([answer])
     assert tables["match 2"][:3] == [1.0, 0.5, 0.0]
@@ -147,7 +149,7 @@ def test_acceptance_is_counted_by_kind_and_position_up_to_the_first_miss() -> No
 
 def test_a_draft_right_to_the_answers_end_counts_no_miss() -> None:
     # 5 tokens: at position 0 a draft of 3, all right; at position 3 a draft of 4 whose two
-    # tokens within the answer are right (its third is past the end, neither right nor wrong).
+    # tokens within the answer are right (its third and fourth are past the end: neither).
     nothing = _position((0, 0), (0, 0))
     answer = [
         _position((0, 0), (3, 3), "match 2"),
