@@ -15,6 +15,13 @@ tokens takes no longer). Otherwise the first verification of a draft of some len
 preempted, would price that length out, and with it every length interpolated from it:
 nothing would verify drafts of those lengths again to correct it. If the size is that dear,
 two more timings settle it.
+
+A size not timed for `STALE_AFTER` timings of the others keeps only its last timing, and is
+unsettled again. Where its price looked dear, nothing would time it again: the first few
+passes of a size in a process are often its slowest, and a busy neighbour may have gone
+since. Priced by its neighbours once more, it is tried where that price pays, and two
+timings settle it at what it costs now (a size that dear is only dear at one pass in
+`STALE_AFTER`).
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from collections import deque
 from collections.abc import Iterable
 
 SETTLED_TIMINGS = 3  # timings of a size whose median no single slow one decides
+STALE_AFTER = 1024  # timings of other sizes after which a size's own are forgotten but one
+STALE_CHECK = 128  # timings between looks for stale sizes
 
 
 class DecodeCost:
@@ -33,6 +42,8 @@ class DecodeCost:
         self._recent: dict[int, deque[float]] = {}
         self._median: dict[int, float] = {}  # of `_recent`, per size
         self._seconds: dict[int, float] = {}  # the price: the median, or less (unsettled)
+        self._timings = 0  # single-pass decodes timed
+        self._timed_at: dict[int, int] = {}  # per size, `_timings` at its last timing
 
     def observe(self, passes: list[int], seconds: float) -> None:
         """A decode made of `passes` took `seconds`."""
@@ -45,6 +56,8 @@ class DecodeCost:
             recent = self._recent[size] = deque(maxlen=self.window)
         recent.append(seconds)
         self._median[size] = median(recent)
+        self._timings += 1
+        self._timed_at[size] = self._timings
         if not known:  # listed last: a reader on another thread (/metrics) finds its price
             self._seconds[size] = self._median[size]
             bisect.insort(self._sizes, size)
@@ -58,6 +71,23 @@ class DecodeCost:
                 first -= 1
         for j in range(max(0, first), min(len(sizes), i + 2)):
             self._seconds[sizes[j]] = self._price(j)
+        if self._timings % STALE_CHECK == 0:
+            self._forget_stale()
+
+    def _forget_stale(self) -> None:
+        """Unsettle every size not timed for `STALE_AFTER` timings: it keeps its last
+        timing only, so two new ones decide its median (see the module docstring)."""
+        forgot = False
+        for size in self._sizes:
+            recent = self._recent[size]
+            if len(recent) > 1 and self._timings - self._timed_at[size] > STALE_AFTER:
+                while len(recent) > 1:
+                    recent.popleft()
+                self._median[size] = recent[0]
+                forgot = True
+        if forgot:  # every price may follow: a settled size bounds those below it
+            for j, size in enumerate(self._sizes):
+                self._seconds[size] = self._price(j)
 
     def _settled(self, size: int) -> bool:
         return len(self._recent[size]) >= SETTLED_TIMINGS

@@ -15,7 +15,7 @@ from reame_core.backend import fake as fake_module
 from reame_core.backend.base import Batch, equal_split_passes, simple_split_passes
 from reame_core.backend.fake import FakeBackend
 from reame_core.engine import decode_cost
-from reame_core.engine.decode_cost import SETTLED_TIMINGS, DecodeCost
+from reame_core.engine.decode_cost import SETTLED_TIMINGS, STALE_AFTER, STALE_CHECK, DecodeCost
 
 # ----------------------------------------------------------------------------- passes
 
@@ -290,3 +290,59 @@ def test_two_neighbouring_sizes_timed_once_slow_cost_at_most_the_next_settled_on
     cost.observe([7], 0.5)
 
     assert cost.pass_seconds(5) == cost.pass_seconds(7) == 0.05
+
+
+def timed_after(cost: DecodeCost, timings: int, n: int = 1, seconds: float = 0.01) -> None:
+    """`timings` decodes of another size: what a size rarely verified waits through."""
+    for _ in range(timings):
+        cost.observe([n], seconds)
+
+
+def two_settled_dear() -> DecodeCost:
+    """The 1.5B on a 2-core EPYC: the first passes of two tokens in a process took 63-85 ms
+    against 49 ms later; looking dear, passes of two were never verified to correct it."""
+    cost = DecodeCost()
+    timed_often(cost, 1, 0.036)
+    timed_often(cost, 4, 0.067)
+    timed_often(cost, 2, 0.085)
+    return cost
+
+
+def test_a_size_settled_dear_and_not_timed_since_is_priced_by_its_neighbours_again() -> None:
+    cost = two_settled_dear()
+    assert cost.pass_seconds(2) == 0.085
+
+    timed_after(cost, STALE_AFTER + STALE_CHECK, seconds=0.036)
+
+    assert cost.pass_seconds(2) == pytest.approx(0.036 + (0.067 - 0.036) / 3)
+    assert cost.curve()[2] == 0.085  # its last timing, kept
+
+
+@pytest.mark.parametrize("now", [0.049, 0.085], ids=["cheaper-now", "that-dear"])
+def test_a_size_forgotten_settles_at_what_two_new_timings_say(now: float) -> None:
+    cost = two_settled_dear()
+    timed_after(cost, STALE_AFTER + STALE_CHECK, seconds=0.036)
+
+    cost.observe([2], now)
+    cost.observe([2], now)
+
+    assert cost.pass_seconds(2) == now
+
+
+def test_a_size_timed_within_the_stale_horizon_keeps_its_timings() -> None:
+    cost = two_settled_dear()
+
+    timed_after(cost, STALE_AFTER - 2 * SETTLED_TIMINGS, seconds=0.036)
+
+    assert cost.pass_seconds(2) == 0.085
+
+
+def test_the_largest_size_forgotten_keeps_its_last_timing_as_its_price() -> None:
+    cost = DecodeCost()
+    timed_often(cost, 1, 0.01)
+    for seconds in (0.9, 0.6, 0.7):
+        cost.observe([128], seconds)
+
+    timed_after(cost, STALE_AFTER + STALE_CHECK)
+
+    assert cost.pass_seconds(128) == 0.7
