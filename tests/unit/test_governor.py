@@ -36,7 +36,7 @@ from draft_sources import (
 from reame_core.backend import fake as fake_module
 from reame_core.backend.base import Batch, equal_split_passes
 from reame_core.backend.fake import FakeBackend
-from reame_core.engine import committer, runner, scheduler
+from reame_core.engine import committer, decode_cost, runner, scheduler
 from reame_core.engine import governor as governor_module
 from reame_core.engine.acceptance import Calibration
 from reame_core.engine.engine import Engine
@@ -450,6 +450,25 @@ def test_a_cheap_accurate_draft_model_drafts_from_the_first_steps(
     assert result.usage.draft_accepted[SOURCE] >= 0.75 * result.usage.completion_tokens
 
 
+def slow_verifications(
+    monkeypatch: pytest.MonkeyPatch, clock: VirtualClock, count: int, sized: Callable[[int], bool]
+) -> list[int]:
+    """The first `count` decodes after the prompt whose batch holds a number of tokens that
+    `sized` accepts take 30 plain steps more each; the list holds one entry per decode not
+    slowed yet."""
+    decode = FakeBackend.decode
+    left = [0] * count
+
+    def decode_slowed(backend: FakeBackend, batch: Batch) -> np.ndarray:
+        if left and sized(len(batch)) and min(batch.positions) > 0:  # not a prompt
+            left.pop()
+            clock.sleep(30 * EXPENSIVE_PASS["step_cost_s"])
+        return decode(backend, batch)
+
+    monkeypatch.setattr(FakeBackend, "decode", decode_slowed)
+    return left
+
+
 def test_a_preempted_first_verification_does_not_switch_speculation_off(
     make_engine: MakeEngine,
     tokenize: Tokenize,
@@ -461,24 +480,40 @@ def test_a_preempted_first_verification_does_not_switch_speculation_off(
     # The first pass verifying a draft takes 30 plain steps (a neighbour's burst on the
     # core). Priced by it, a draft of that length and every length near it would never
     # be verified again to show the true cost.
-    decode = FakeBackend.decode
-    preempted: list[int] = []
-
-    def decode_once_preempted(backend: FakeBackend, batch: Batch) -> np.ndarray:
-        if not preempted and len(batch) > 1 and min(batch.positions) > 0:  # not a prompt
-            preempted.append(len(batch))
-            clock.sleep(30 * EXPENSIVE_PASS["step_cost_s"])
-        return decode(backend, batch)
-
-    monkeypatch.setattr(FakeBackend, "decode", decode_once_preempted)
+    left = slow_verifications(monkeypatch, clock, 1, lambda tokens: tokens > 1)
     engine = make_engine(plugins=drafting(KnownAnswers(answers)), start=False, **EXPENSIVE_PASS)
     prompts = [request(tokenize(p), max_tokens=60, ignore_eos=True) for p in PROMPTS[:2]]
 
     _, results = timed(clock, engine, drive, *prompts)
 
-    assert preempted
+    assert not left
     drafted = [r.usage.draft_accepted.get(SOURCE, 0) for r in results]
     assert all(n >= 0.75 * r.usage.completion_tokens for n, r in zip(drafted, results, strict=True))
+
+
+def test_a_draft_length_priced_out_by_its_first_passes_is_verified_again_later(
+    make_engine: MakeEngine,
+    tokenize: Tokenize,
+    drive: Drive,
+    answers: Answers,
+    clock: VirtualClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Drafts of one token, always right, but the first three passes verifying one took 30
+    # plain steps each (a process's first passes of a size, or a neighbour's burst): the
+    # size settles that dear and nothing verifies it again, unless a price that old is
+    # forgotten (after 40 timings here) and timed anew.
+    monkeypatch.setattr(decode_cost, "STALE_AFTER", 40)
+    monkeypatch.setattr(decode_cost, "STALE_CHECK", 8)
+    left = slow_verifications(monkeypatch, clock, 3, lambda tokens: tokens == 2)
+    engine = make_engine(
+        plugins=drafting(KnownAnswers(answers)), start=False, draft_max=1, **EXPENSIVE_PASS
+    )
+
+    _, (result,) = timed(clock, engine, drive, request(tokenize(PROMPTS[0]), max_tokens=150))
+
+    assert not left
+    assert result.usage.draft_accepted.get(SOURCE, 0) >= 0.25 * result.usage.completion_tokens
 
 
 class BusyAtStart(Mirroring):
