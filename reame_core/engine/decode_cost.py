@@ -16,12 +16,14 @@ preempted, would price that length out, and with it every length interpolated fr
 nothing would verify drafts of those lengths again to correct it. If the size is that dear,
 two more timings settle it.
 
-A size not timed for `STALE_AFTER` timings of the others keeps only its last timing, and is
-unsettled again. Where its price looked dear, nothing would time it again: the first few
-passes of a size in a process are often its slowest, and a busy neighbour may have gone
-since. Priced by its neighbours once more, it is tried where that price pays, and two
-timings settle it at what it costs now (a size that dear is only dear at one pass in
-`STALE_AFTER`).
+A size not timed while `STALE_AFTER` timings of other sizes were taken (found within
+`STALE_CHECK` more) is forgotten: its median stays, as its one timing, so it is unsettled
+again. Where its price looked dear, nothing would time it again: the first few passes of a
+size in a process are often its slowest, and a busy neighbour may have gone since. Priced
+by its neighbours once more, forgotten neighbours passed over (sizes left dear together
+must not keep each other dear), it is tried where that price pays, and two timings settle it
+at what it costs now (a size that dear costs two passes at a wrong price every
+`STALE_AFTER` timings).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class DecodeCost:
         self._seconds: dict[int, float] = {}  # the price: the median, or less (unsettled)
         self._timings = 0  # single-pass decodes timed
         self._timed_at: dict[int, int] = {}  # per size, `_timings` at its last timing
+        self._forgotten: set[int] = set()  # sizes forgotten and not timed since
 
     def observe(self, passes: list[int], seconds: float) -> None:
         """A decode made of `passes` took `seconds`."""
@@ -58,34 +61,37 @@ class DecodeCost:
         self._median[size] = median(recent)
         self._timings += 1
         self._timed_at[size] = self._timings
+        self._forgotten.discard(size)
         if not known:  # listed last: a reader on another thread (/metrics) finds its price
             self._seconds[size] = self._median[size]
             bisect.insort(self._sizes, size)
-        # A size's price depends on its neighbours' medians and on the next larger settled
-        # size's: theirs may change with this one's.
+        # An unsettled size's price depends on its neighbours' medians (past forgotten ones)
+        # and the next larger settled size's: the unsettled sizes next to this one may
+        # change with it.
         sizes = self._sizes
         i = bisect.bisect_left(sizes, size)
-        first = i - 1
-        if self._settled(size):
-            while first > 0 and not self._settled(sizes[first - 1]):
-                first -= 1
-        for j in range(max(0, first), min(len(sizes), i + 2)):
+        first = last = i
+        while first > 0 and not self._settled(sizes[first - 1]):
+            first -= 1
+        while last + 1 < len(sizes) and not self._settled(sizes[last + 1]):
+            last += 1
+        for j in range(first, last + 1):
             self._seconds[sizes[j]] = self._price(j)
         if self._timings % STALE_CHECK == 0:
             self._forget_stale()
 
     def _forget_stale(self) -> None:
-        """Unsettle every size not timed for `STALE_AFTER` timings: it keeps its last
-        timing only, so two new ones decide its median (see the module docstring)."""
+        """Unsettle every size not timed for `STALE_AFTER` timings: its median stays as
+        its one timing, so two new ones decide its median (see the module docstring)."""
         forgot = False
         for size in self._sizes:
             recent = self._recent[size]
             if len(recent) > 1 and self._timings - self._timed_at[size] > STALE_AFTER:
-                while len(recent) > 1:
-                    recent.popleft()
-                self._median[size] = recent[0]
+                recent.clear()
+                recent.append(self._median[size])
+                self._forgotten.add(size)
                 forgot = True
-        if forgot:  # every price may follow: a settled size bounds those below it
+        if forgot:  # every price may follow: settled sizes bound the unsettled ones
             for j, size in enumerate(self._sizes):
                 self._seconds[size] = self._price(j)
 
@@ -94,23 +100,33 @@ class DecodeCost:
 
     def _price(self, i: int) -> float:
         """The price of the `i`th measured size: its median, capped while it is unsettled
-        by the line between its neighbours' medians (below them, the next larger size's)
-        and by the next larger settled size's (see the module docstring)."""
+        by the line between its neighbours' medians (below them, the next larger size's),
+        forgotten sizes passed over, and by the next larger settled size's (see the module
+        docstring)."""
         sizes, medians = self._sizes, self._median
         size = sizes[i]
         own = medians[size]
         if self._settled(size) or i + 1 == len(sizes):
             return own  # settled, or the largest: nothing above to bound it
-        hi = sizes[i + 1]
+        hi = self._neighbour(i, 1)
         if i == 0:
             cap = medians[hi]
         else:
-            lo = sizes[i - 1]
+            lo = self._neighbour(i, -1)
             cap = medians[lo] + (medians[hi] - medians[lo]) * (size - lo) / (hi - lo)
         settled_above = next((m for m in sizes[i + 1 :] if self._settled(m)), None)
         if settled_above is not None:
             cap = min(cap, medians[settled_above])
         return min(own, cap)
+
+    def _neighbour(self, i: int, way: int) -> int:
+        """The nearest size beside the `i`th, `way` up (1) or down (-1), that is not
+        forgotten; the next one where all on that side are (there is one)."""
+        sizes = self._sizes
+        j = i + way
+        while 0 <= j < len(sizes) and sizes[j] in self._forgotten:
+            j += way
+        return sizes[j] if 0 <= j < len(sizes) else sizes[i + way]
 
     def covers(self, n: int) -> bool:
         """Whether a pass of `n` tokens is priced from measurements of that size or smaller
@@ -166,7 +182,8 @@ class DecodeCost:
 
     def curve(self) -> dict[int, float]:
         """Measured pass sizes and the median of their recent timings (for reports; a size
-        timed fewer than `SETTLED_TIMINGS` times may be priced lower)."""
+        unsettled, timed fewer than `SETTLED_TIMINGS` times since it was last forgotten,
+        may be priced lower)."""
         return {size: self._median[size] for size in self._sizes}
 
 

@@ -510,7 +510,9 @@ def test_a_draft_length_priced_out_by_its_first_passes_is_verified_again_later(
         plugins=drafting(KnownAnswers(answers)), start=False, draft_max=1, **EXPENSIVE_PASS
     )
 
-    _, (result,) = timed(clock, engine, drive, request(tokenize(PROMPTS[0]), max_tokens=150))
+    answer = request(tokenize(PROMPTS[0]), max_tokens=150, ignore_eos=True)
+
+    _, (result,) = timed(clock, engine, drive, answer)
 
     assert not left
     assert result.usage.draft_accepted.get(SOURCE, 0) >= 0.25 * result.usage.completion_tokens
