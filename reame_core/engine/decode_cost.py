@@ -23,7 +23,8 @@ size in a process are often its slowest, and a busy neighbour may have gone sinc
 by its neighbours once more, forgotten neighbours passed over (sizes left dear together
 must not keep each other dear), it is tried where that price pays, and two timings settle it
 at what it costs now (a size that dear costs two passes at a wrong price every
-`STALE_AFTER` timings).
+`STALE_AFTER` timings). The largest measured size, with nothing above it, keeps its median
+as its price, as does a forgotten size whose larger neighbours are all forgotten up to it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from collections import deque
 from collections.abc import Iterable
 
 SETTLED_TIMINGS = 3  # timings of a size whose median no single slow one decides
-STALE_AFTER = 1024  # timings of other sizes after which a size's own are forgotten but one
+STALE_AFTER = 1024  # timings of other sizes after which a size's own are forgotten
 STALE_CHECK = 128  # timings between looks for stale sizes
 
 
@@ -81,12 +82,14 @@ class DecodeCost:
             self._forget_stale()
 
     def _forget_stale(self) -> None:
-        """Unsettle every size not timed for `STALE_AFTER` timings: its median stays as
-        its one timing, so two new ones decide its median (see the module docstring)."""
+        """Forget every size not timed while `STALE_AFTER` timings of others were taken:
+        its median stays as its one timing, so two new ones decide its median, and lines
+        pass over it until then (see the module docstring)."""
         forgot = False
         for size in self._sizes:
-            recent = self._recent[size]
-            if len(recent) > 1 and self._timings - self._timed_at[size] > STALE_AFTER:
+            stale = self._timings - self._timed_at[size] >= STALE_AFTER
+            if stale and size not in self._forgotten:
+                recent = self._recent[size]
                 recent.clear()
                 recent.append(self._median[size])
                 self._forgotten.add(size)
@@ -182,8 +185,8 @@ class DecodeCost:
 
     def curve(self) -> dict[int, float]:
         """Measured pass sizes and the median of their recent timings (for reports; a size
-        unsettled, timed fewer than `SETTLED_TIMINGS` times since it was last forgotten,
-        may be priced lower)."""
+        with fewer than `SETTLED_TIMINGS` timings in its window, a forgotten size's kept
+        median counting as one, may be priced lower)."""
         return {size: self._median[size] for size in self._sizes}
 
 

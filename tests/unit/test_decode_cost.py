@@ -345,6 +345,19 @@ def test_sizes_forgotten_together_are_priced_by_the_settled_sizes_around_them() 
     assert cost.pass_seconds(3) == pytest.approx(0.0294 + 2 * (0.0706 - 0.0294) / 3)
 
 
+def test_sizes_timed_once_long_ago_are_passed_over_too() -> None:
+    cost = DecodeCost()
+    timed_often(cost, 1, 0.030)
+    timed_often(cost, 4, 0.070)
+    cost.observe([2], 0.085)
+    cost.observe([3], 0.085)
+
+    timed_after(cost, STALE_AFTER + STALE_CHECK, (1, 0.030), (4, 0.070))
+
+    assert cost.pass_seconds(2) == pytest.approx(0.030 + (0.070 - 0.030) / 3)
+    assert cost.pass_seconds(3) == pytest.approx(0.030 + 2 * (0.070 - 0.030) / 3)
+
+
 def test_an_unsettled_size_follows_when_the_settled_one_bounding_it_is_forgotten() -> None:
     cost = DecodeCost()
     timed_often(cost, 1, 0.036)
