@@ -332,30 +332,22 @@ def test_a_size_forgotten_settles_at_what_two_new_timings_say(now: float) -> Non
     assert cost.pass_seconds(2) == now
 
 
-def test_sizes_forgotten_together_are_priced_by_the_settled_sizes_around_them() -> None:
+@pytest.mark.parametrize("times", [SETTLED_TIMINGS, 1], ids=["settled", "timed-once"])
+def test_sizes_left_dear_together_are_priced_by_the_sizes_timed_since(times: int) -> None:
     # The governor's curve at the end of a run of the 1.5B on a 2-core EPYC: passes of two
-    # and three tokens left dearer than four. Stale together, neither is the other's measure.
+    # and three tokens left dearer than four. Stale together, neither is the other's measure,
+    # whether they had settled or been timed once.
     cost = DecodeCost()
-    for n, seconds in ((1, 0.0294), (2, 0.0854), (3, 0.0818), (4, 0.0706), (5, 0.1195)):
-        timed_often(cost, n, seconds)
+    timed_often(cost, 1, 0.0294)
+    timed_often(cost, 4, 0.0706)
+    for n, seconds in ((2, 0.0854), (3, 0.0818)):
+        for _ in range(times):
+            cost.observe([n], seconds)
 
     timed_after(cost, STALE_AFTER + STALE_CHECK, (1, 0.0294), (4, 0.0706))
 
     assert cost.pass_seconds(2) == pytest.approx(0.0294 + (0.0706 - 0.0294) / 3)
     assert cost.pass_seconds(3) == pytest.approx(0.0294 + 2 * (0.0706 - 0.0294) / 3)
-
-
-def test_sizes_timed_once_long_ago_are_passed_over_too() -> None:
-    cost = DecodeCost()
-    timed_often(cost, 1, 0.030)
-    timed_often(cost, 4, 0.070)
-    cost.observe([2], 0.085)
-    cost.observe([3], 0.085)
-
-    timed_after(cost, STALE_AFTER + STALE_CHECK, (1, 0.030), (4, 0.070))
-
-    assert cost.pass_seconds(2) == pytest.approx(0.030 + (0.070 - 0.030) / 3)
-    assert cost.pass_seconds(3) == pytest.approx(0.030 + 2 * (0.070 - 0.030) / 3)
 
 
 def test_an_unsettled_size_follows_when_the_settled_one_bounding_it_is_forgotten() -> None:
