@@ -59,16 +59,16 @@ def measure(script: str, *args: str, env: dict[str, str] | None = None) -> dict[
 
 
 def switch_taking_turns(
-    script: str, variable: str, reps: int, *args: str
+    script: str, variable: str, reps: int, *args: str, on: str = "1"
 ) -> dict[str, list[dict[str, Any]]]:
     """`reps` pairs of fresh `script --child ARGS` processes, one with the environment
-    variable `variable` at "1" ("on") and one at "0" ("off"), taking turns at going first
+    variable `variable` at `on` ("on") and one at "0" ("off"), taking turns at going first
     (a switch read once per process; on a shared host the cores' speed drifts over
     minutes): each side's results in order."""
     runs: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
     for rep in range(reps):
         for side in ("on", "off") if rep % 2 == 0 else ("off", "on"):
-            switch = "1" if side == "on" else "0"
+            switch = on if side == "on" else "0"
             runs[side].append(measure(script, *args, env={**os.environ, variable: switch}))
             print(side, runs[side][-1], flush=True)
     return runs
@@ -168,11 +168,16 @@ class SwitchedRuns:
 
 
 def switched_benchmark(
-    script: str, variable: str, child: Callable[[str, int], dict[str, Any]], reps: int, name: str
+    script: str,
+    variable: str,
+    child: Callable[[str, int], dict[str, Any]],
+    reps: int,
+    name: str,
+    on: str = "1",
 ) -> SwitchedRuns | None:
     """The command line of a benchmark of a build switch (`--model`, `--reps`, `--threads`,
     `--name`, defaults `reps` and `name`): run as a child, prints `child(model, threads)`'s
-    figures and returns None; else runs the children with `variable` on and off taking
+    figures and returns None; else runs the children with `variable` at `on` and off taking
     turns (`switch_taking_turns`)."""
     from reame_core.models import resolve_model
     from reame_core.settings import Settings
@@ -189,7 +194,7 @@ def switched_benchmark(
         print(json.dumps(child(model, args.threads)), flush=True)
         return None
     runs = switch_taking_turns(
-        script, variable, args.reps, "--model", model, "--threads", str(args.threads)
+        script, variable, args.reps, "--model", model, "--threads", str(args.threads), on=on
     )
     return SwitchedRuns(args, model, runs)
 
@@ -265,9 +270,10 @@ def wait_healthy(url: str, seconds: float = 60.0) -> bool:
 
 def stock_environment() -> dict[str, str]:
     """This process's environment without Reame's switches of its build's patches
-    (row-exact attention, AMX row kernels and wide products, row groups, huge pages, kept
-    graphs, KV regions; set by any process that loaded llama.cpp through Reame): llama-server, built
-    from the same patched source, then runs llama.cpp's own ways, as its users run it."""
+    (row-exact attention, AMX row kernels and wide products, row groups, read-ahead, huge
+    pages, kept graphs, KV regions; set by any process that loaded llama.cpp through Reame):
+    llama-server, built from the same patched source, then runs llama.cpp's own ways, as its
+    users run it."""
     switches = build_switches()
     return {name: value for name, value in os.environ.items() if name not in switches}
 
@@ -282,13 +288,14 @@ def build_switches() -> tuple[str, ...]:
         KV_REGIONS_ENV,
         Q4_1_ROW_GROUPS_ENV,
         Q8_0_ROW_GROUPS_ENV,
+        READ_AHEAD_ENV,
         ROW_GROUPS_CHUNK_ENV,
     )
 
     return (
         ROW_EXACT_ENV, AMX_ROWS_ENV, AMX_WIDE_M_ENV, Q4_1_ROW_GROUPS_ENV, K_QUANT_ROW_GROUPS_ENV,
-        Q8_0_ROW_GROUPS_ENV, ROW_GROUPS_CHUNK_ENV, HUGEPAGES_ENV, GRAPH_CACHE_ENV,
-        GRAPH_CACHE_TOKENS_ENV, KV_REGIONS_ENV,
+        Q8_0_ROW_GROUPS_ENV, ROW_GROUPS_CHUNK_ENV, READ_AHEAD_ENV, HUGEPAGES_ENV,
+        GRAPH_CACHE_ENV, GRAPH_CACHE_TOKENS_ENV, KV_REGIONS_ENV,
     )  # fmt: skip
 
 

@@ -87,6 +87,15 @@
 # 1.56 one-token passes. With GGML_ROW_GROUPS_CHUNK=N products of 2 to 12 rows that the row
 # groups take go in chunks of N weight rows; which thread computes a row changes, not how.
 # Reame sets the switch (64); llama-server keeps ggml's chunks.
+#
+# On every host the source gets patches/ggml-read-ahead.patch: a decode step multiplies the
+# weights with one row, reading each weight once, in order, and doing little with each byte;
+# the hardware's prefetchers alone left memory idle between requests. With GGML_READ_AHEAD=N
+# one-row products ask for the weights N bytes ahead of where they read, and on CPUs with
+# AVX-512 VNNI and VBMI repacked Q4_K weights go through a one-row kernel with fewer
+# operations per byte: every output is computed as ggml's one-row kernel computes it, bit
+# for bit. Qwen2.5-Coder-1.5B then decoded 1.44x faster on an Intel Xeon without AMX
+# (docs/BENCHMARKS.md). Reame sets the switch; llama-server keeps ggml's ways.
 
 cpu_flags=$(grep -m1 -E '^(flags|Features)' "${REAME_CPUINFO:-/proc/cpuinfo}" || true)
 cmake_args="-DGGML_NATIVE=ON"
@@ -99,6 +108,7 @@ patches=(
     "$here/patches/ggml-k-quant-row-groups.patch"
     "$here/patches/ggml-q8_0-row-groups.patch"
     "$here/patches/ggml-row-groups-chunk.patch"
+    "$here/patches/ggml-read-ahead.patch"
 )
 if [[ $(uname -m) == x86_64 ]]; then
     if [[ " $cpu_flags " == *" amx_int8 "* && ${REAME_NO_AMX:-0} != 1 ]]; then

@@ -134,6 +134,14 @@ Q8_0_ROW_GROUPS = 8
 ROW_GROUPS_CHUNK_ENV = "GGML_ROW_GROUPS_CHUNK"
 ROW_GROUPS_CHUNK = 64
 
+# One-row products (decode steps) ask for the weights this many bytes ahead of where they
+# read, and on CPUs with AVX-512 VNNI and VBMI take repacked Q4_K weights through a kernel
+# with fewer operations per byte (scripts/patches/ggml-read-ahead.patch): the hardware's
+# prefetchers alone left memory idle between a step's requests. Every output bit-identical.
+# Read once per process.
+READ_AHEAD_ENV = "GGML_READ_AHEAD"
+READ_AHEAD = 4096
+
 # Graphs llama.cpp keeps besides the last decode's (scripts/patches/llama-graph-cache.patch):
 # it reuses a decode's graph only when the decode before had the same shape, and a draft
 # verified between plain steps changes the shape at almost every step. With the switch it
@@ -400,6 +408,7 @@ class LlamaBackend:
         )
         os.environ.setdefault(Q8_0_ROW_GROUPS_ENV, str(Q8_0_ROW_GROUPS))
         os.environ.setdefault(ROW_GROUPS_CHUNK_ENV, str(ROW_GROUPS_CHUNK))
+        os.environ.setdefault(READ_AHEAD_ENV, str(READ_AHEAD))
         model_params = llama_cpp.llama_model_default_params()
         # False keeps weights out of CPU_REPACK and AMX buffers: the build check's fallback
         # where the default load crashes (reame_core/backend/probe.py).

@@ -78,6 +78,7 @@ EVERY_HOST = [
     "ggml-k-quant-row-groups.patch",
     "ggml-q8_0-row-groups.patch",
     "ggml-row-groups-chunk.patch",  # on top of the three row groups'
+    "ggml-read-ahead.patch",  # on top of the row groups' and their chunks'
 ]
 
 
