@@ -89,12 +89,12 @@
 # Reame sets the switch (64); llama-server keeps ggml's chunks.
 #
 # On every host the source gets patches/ggml-read-ahead.patch: a decode step multiplies the
-# weights with one row, reading each weight once, in order, and doing little with each byte;
-# the hardware's prefetchers alone left memory idle between requests. With GGML_READ_AHEAD=N
+# weights with one row, reading each weight once, in order, and doing little with each byte:
+# it runs at the speed its cores get the weights from memory. With GGML_READ_AHEAD=N
 # one-row products ask for the weights N bytes ahead of where they read, and on CPUs with
 # AVX-512 VNNI and VBMI repacked Q4_K weights go through a one-row kernel with fewer
 # operations per byte: every output is computed as ggml's one-row kernel computes it, bit
-# for bit. Qwen2.5-Coder-1.5B then decoded 1.44x faster on an Intel Xeon without AMX
+# for bit. Qwen2.5-Coder-1.5B then decoded 1.37-1.44x faster on an Intel Xeon without AMX
 # (docs/BENCHMARKS.md). Reame sets the switch; llama-server keeps ggml's ways.
 
 cpu_flags=$(grep -m1 -E '^(flags|Features)' "${REAME_CPUINFO:-/proc/cpuinfo}" || true)

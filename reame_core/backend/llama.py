@@ -136,9 +136,8 @@ ROW_GROUPS_CHUNK = 64
 
 # One-row products (decode steps) ask for the weights this many bytes ahead of where they
 # read, and on CPUs with AVX-512 VNNI and VBMI take repacked Q4_K weights through a kernel
-# with fewer operations per byte (scripts/patches/ggml-read-ahead.patch): the hardware's
-# prefetchers alone left memory idle between a step's requests. Every output bit-identical.
-# Read once per process.
+# with fewer operations per byte (scripts/patches/ggml-read-ahead.patch): a step runs at the
+# speed its cores get the weights. Every output bit-identical. Read once per process.
 READ_AHEAD_ENV = "GGML_READ_AHEAD"
 READ_AHEAD = 4096
 

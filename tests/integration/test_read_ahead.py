@@ -3,8 +3,9 @@ read (scripts/patches/ggml-read-ahead.patch, `GGML_READ_AHEAD=N` bytes: `READ_AH
 Reame), and on CPUs with AVX-512 VNNI and VBMI take repacked Q4_K weights through a one-row
 kernel of their own. A speed-up only: every output must stay bit for bit what ggml's one-row
 kernels give. Checked: the kernel against ggml's on random blocks and on the sums' extremes;
-on SmolLM2 (Q4_1 and Q8_0, through the generic one-row loop) and Qwen2.5-Coder-0.5B (repacked
-Q4_K, Q6_K), every row of a pass of 1 to 13 tokens gets the logits of a one-token step with
+on SmolLM2 (Q4_1 and Q8_0, through ggml's one-row loop) and Qwen2.5-Coder-0.5B (Q5_0 and Q8_0
+through that loop, a few layers' repacked Q4_K and Q6_K), every row of a pass of 1 to 13
+tokens gets the logits of a one-token step with
 the switch, and every logit is the same without it (each setting in a process of its own:
 ggml reads it once per process).
 """
