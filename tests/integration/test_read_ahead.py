@@ -5,9 +5,8 @@ kernel of their own. A speed-up only: every output must stay bit for bit what gg
 kernels give. Checked: the kernel against ggml's on random blocks and on the sums' extremes;
 on SmolLM2 (Q4_1 and Q8_0, through ggml's one-row loop) and Qwen2.5-Coder-0.5B (Q5_0 and Q8_0
 through that loop, a few layers' repacked Q4_K and Q6_K), every row of a pass of 1 to 13
-tokens gets the logits of a one-token step with
-the switch, and every logit is the same without it (each setting in a process of its own:
-ggml reads it once per process).
+tokens gets the logits of a one-token step with the switch, and every logit is the same
+without it (each setting in a process of its own: ggml reads it once per process).
 """
 
 from __future__ import annotations
