@@ -1,19 +1,23 @@
-"""What asking for the weights ahead changes in a decode step (`GGML_READ_AHEAD`,
-scripts/patches/ggml-read-ahead.patch).
+"""What asking for the weights ahead changes in a decode step and in a pass of a few tokens
+(`GGML_READ_AHEAD`, scripts/patches/ggml-read-ahead.patch).
 
 A decode step multiplies every weight matrix with one row: it reads each weight once, in
 order, and does little with each byte, so its speed is the speed at which the cores get the
-weights from memory. With the switch, one-row products ask for the weights `READ_AHEAD`
-bytes ahead of where they read, and on CPUs with AVX-512 VNNI and VBMI repacked Q4_K weights
-go through a one-row kernel with fewer operations per byte. Products of more rows (prompts,
-verified drafts) are unchanged, but for Q6_K's dot product, which asks wherever it runs.
+weights from memory; a pass of a few tokens (a draft verified) nearly so. With the switch,
+products of one row and of a few ask for the weights `READ_AHEAD` bytes ahead of where they
+read, and on CPUs with AVX-512 VNNI repacked Q4_K weights (with VBMI too) and Q6_K weights
+go through kernels with fewer operations per byte, for one row and for the rows the K-quant
+row groups take.
 
 Each repetition runs two fresh processes, the switch at `READ_AHEAD` and at 0, taking turns
 at going first (ggml reads it once per process). Each loads the model as `reame serve` loads
-it on this host, computes a prompt of `PROMPT` tokens, then `STEPS` one-token steps, and
-reports the median step and a digest of every row of logits it computed. Reported: medians
-over the repetitions, their ratio, each repetition's ratio and their median, whether every
-process computed the same logits, every repetition's figures.
+it on this host, computes a prompt of `PROMPT` tokens, then `STEPS` one-token steps, then
+passes of each size in `PASSES` with logits for every row (as verification asks), appended
+after them and taken back, `PASS_WARM` untimed and `PASS_TIMED` timed in a row; it reports
+the median step, each size's median pass, and a digest of every row of logits it computed.
+Reported: medians over the repetitions, their ratio, each repetition's ratio and their
+median; each pass's price in one-token steps of its process (median over the repetitions);
+whether every process computed the same logits; every repetition's figures.
 
     .venv/bin/python benchmarks/read_ahead.py [--model PATH] [--reps 6] [--name read_ahead]
 """
@@ -26,6 +30,9 @@ from typing import Any
 
 PROMPT = 64
 STEPS = 96
+PASSES = (2, 4, 8)  # drafts of 1, 3 and 7 tokens verified
+PASS_WARM = 2  # untimed passes of a size first: llama.cpp reuses that shape's graph
+PASS_TIMED = 8
 
 
 def child(model: str, threads: int) -> dict[str, Any]:
@@ -40,11 +47,60 @@ def child(model: str, threads: int) -> dict[str, Any]:
     tokens = [int(t) for t in np.random.default_rng(5).integers(100, 5000, PROMPT + STEPS)]
     digest = hashlib.sha256()
     _, steps = prompt_and_steps(backend, tokens, PROMPT, STEPS, digest)
+    passes = pass_seconds(backend, tokens, PROMPT + STEPS, digest)
     backend.close()
     return {
         "step_ms": round(statistics.median(steps) * 1000, 3),
-        "digests": {"prompt_and_steps": digest.hexdigest()[:16]},
+        "pass_ms": {n: round(seconds * 1000, 3) for n, seconds in passes.items()},
+        "digests": {"prompt_steps_and_passes": digest.hexdigest()[:16]},
     }
+
+
+def pass_seconds(backend: Any, tokens: list[int], start: int, digest: Any) -> dict[int, float]:
+    """Each size's median pass of sequence 0 after its first `start` tokens, every row's
+    logits asked for; `digest` takes the logits of each size's first pass."""
+    from common import timed_decode
+
+    from reame_core.backend.base import Batch
+
+    medians = {}
+    for n in PASSES:
+        batch = Batch()
+        for j in range(n):
+            batch.add(tokens[j], start + j, 0, True)
+        seconds = []
+        for attempt in range(PASS_WARM + PASS_TIMED):
+            elapsed = timed_decode(backend, batch, digest if attempt == 0 else None)
+            backend.seq_rm(0, start, -1)
+            if attempt >= PASS_WARM:
+                seconds.append(elapsed)
+        medians[n] = statistics.median(seconds)
+    return medians
+
+
+def pass_figures(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per pass size: the median pass on and off, their ratio, each repetition's ratio and
+    their median, and the pass's price in its process's one-token steps on and off."""
+    figures = {}
+    for n in PASSES:
+        key = str(n)  # the children's JSON keys
+        on = [r["pass_ms"][key] for r in runs["on"]]
+        off = [r["pass_ms"][key] for r in runs["off"]]
+        per_rep = [round(b / a, 3) for a, b in zip(on, off, strict=True)]
+        figures[key] = {
+            "pass_ms_on": statistics.median(on),
+            "pass_ms_off": statistics.median(off),
+            "speedup": round(statistics.median(off) / statistics.median(on), 3),
+            "speedup_per_rep": per_rep,
+            "speedup_median_of_reps": round(statistics.median(per_rep), 3),
+            "in_steps_on": round(
+                statistics.median(r["pass_ms"][key] / r["step_ms"] for r in runs["on"]), 2
+            ),
+            "in_steps_off": round(
+                statistics.median(r["pass_ms"][key] / r["step_ms"] for r in runs["off"]), 2
+            ),
+        }
+    return figures
 
 
 def main() -> None:
@@ -72,10 +128,19 @@ def main() -> None:
         "decode_speedup": round(off / on, 3),
         "decode_speedup_per_rep": per_rep,
         "decode_speedup_median_of_reps": round(statistics.median(per_rep), 3),
+        "passes": pass_figures(runs),
         "logits_bit_identical": measured.logits_agree(),
     }
     print(summary)
-    path = measured.write({"prompt_tokens": PROMPT, "steps": STEPS, **summary})
+    path = measured.write(
+        {
+            "prompt_tokens": PROMPT,
+            "steps": STEPS,
+            "pass_warm": PASS_WARM,
+            "pass_timed": PASS_TIMED,
+            **summary,
+        }
+    )
     print(f"written to {path}")
 
 

@@ -13,7 +13,7 @@ import pytest
 from switched import saved_logits
 from test_row_kernels import PASSES
 
-from reame_core.backend.probe import cpu_flags
+from reame_core.backend.probe import cpu_flags, llama_library_dir
 
 QK = 32  # values per block of the types these kernels take
 MAX_BLOCKS = 1024  # the longest weight row the kernels take, in blocks
@@ -25,13 +25,31 @@ def needs_avx2() -> None:
         pytest.skip("the row-group kernels are built for x86 CPUs with AVX2")
 
 
+def cpu_library() -> ctypes.CDLL:
+    """The build's CPU library, initialized: the kernels read fp16 scales through a table
+    that ggml_cpu_init fills; before it every scale reads 0, and so does every product,
+    whichever kernel computes it."""
+    directory = llama_library_dir()
+    assert directory is not None
+    library = ctypes.CDLL(str(directory / "libggml-cpu.so"))
+    library.ggml_cpu_init.restype = None
+    library.ggml_cpu_init.argtypes = []
+    library.ggml_cpu_init()
+    return library
+
+
+def assert_products(expected: np.ndarray) -> None:
+    """One-row products to compare a kernel's with: each computed, and not all 0 as they are
+    where the scales read as 0 (a block's integer sum may be 0: most are not)."""
+    assert np.isfinite(expected).all()
+    assert np.count_nonzero(expected) > expected.size // 2
+
+
 def kernels(dot: str, rows: str) -> ctypes.CDLL:
     """The build's CPU library with the one-row product `dot` and its group kernel `rows`
     declared (the test skipped where they are not built)."""
     needs_avx2()
-    import llama_cpp
-
-    library = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-cpu.so"))
+    library = cpu_library()
     size, pointer, count = ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int
     getattr(library, dot).restype = None
     getattr(library, dot).argtypes = [count, pointer, size, pointer, size, pointer, size, count]
@@ -70,6 +88,7 @@ def assert_bit_identical(
     done, out = group_products(getattr(library, rows_kernel), weights, rows)
     assert done
     expected = one_row_products(getattr(library, dot), weights, rows)
+    assert_products(expected)
     assert np.array_equal(out.view(np.uint32), expected.view(np.uint32))
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from row_groups import assert_products, cpu_library
 from switched import saved_logits, switched_run
 from test_row_kernels import PASSES, logits_by_pass
 
@@ -32,7 +33,7 @@ from reame_core.backend.llama import (
     K_QUANT_ROW_GROUPS_EVERY,
 )
 from reame_core.backend.pass_check import TOKENS
-from reame_core.backend.probe import BuildVerdict, cpu_flags, llama_library_dir
+from reame_core.backend.probe import BuildVerdict, cpu_flags
 from reame_core.settings import Settings
 
 QK_K = 256  # values per block
@@ -59,9 +60,7 @@ def _needs_the_groups(build_check: BuildVerdict) -> None:
 @pytest.fixture(scope="module")
 def ggml_cpu() -> ctypes.CDLL:
     _needs_avx2()
-    directory = llama_library_dir()
-    assert directory is not None
-    library = ctypes.CDLL(str(directory / "libggml-cpu.so"))
+    library = cpu_library()
     size = ctypes.c_size_t
     library.ggml_vec_dot_q6_K_q8_K.restype = None
     library.ggml_vec_dot_q6_K_q8_K.argtypes = [
@@ -71,7 +70,7 @@ def ggml_cpu() -> ctypes.CDLL:
     library.ggml_gemm_q6_K_q8_K_rows.restype = None
     library.ggml_gemm_q6_K_q8_K_rows.argtypes = [
         ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, size,
-        ctypes.c_void_p, size, ctypes.c_void_p, size,
+        ctypes.c_void_p, size, ctypes.c_void_p, size, ctypes.c_int,
     ]  # fmt: skip
     for name in ("ggml_gemv_q4_K_8x8_q8_K", "ggml_gemv_q4_K_8x8_q8_K_rows"):
         getattr(library, name).restype = None
@@ -111,7 +110,7 @@ def test_every_q6_k_output_is_the_one_row_dot_product_bit_for_bit(
     out = np.full((row_count, len(weights)), np.nan, np.float32)
     ggml_cpu.ggml_gemm_q6_K_q8_K_rows(
         blocks * QK_K, len(weights), row_count, out.ctypes.data, len(weights),
-        weights.ctypes.data, weights.strides[0], rows.ctypes.data, rows.strides[0],
+        weights.ctypes.data, weights.strides[0], rows.ctypes.data, rows.strides[0], 0,
     )  # fmt: skip
     expected = np.zeros_like(out)
     for c in range(row_count):
@@ -120,7 +119,7 @@ def test_every_q6_k_output_is_the_one_row_dot_product_bit_for_bit(
                 blocks * QK_K, expected[c, r:].ctypes.data, 0, weights[r].ctypes.data, 0,
                 rows[c].ctypes.data, 0, 1,
             )  # fmt: skip
-    assert np.isfinite(expected).all()
+    assert_products(expected)
     assert np.array_equal(out.view(np.uint32), expected.view(np.uint32))
 
 
@@ -154,7 +153,7 @@ def test_every_repacked_q4_k_output_is_the_one_row_product_bit_for_bit(
             blocks * QK_K, expected[r].ctypes.data, columns, weights.ctypes.data,
             rows[r].ctypes.data, 1, columns,
         )  # fmt: skip
-    assert np.isfinite(expected).all()
+    assert_products(expected)
     assert np.array_equal(out.view(np.uint32), expected.view(np.uint32))
 
 
