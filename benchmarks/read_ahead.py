@@ -5,9 +5,9 @@ A decode step multiplies every weight matrix with one row: it reads each weight 
 order, and does little with each byte, so its speed is the speed at which the cores get the
 weights from memory; a pass of a few tokens (a draft verified) nearly so. With the switch,
 products of one row and of a few ask for the weights `READ_AHEAD` bytes ahead of where they
-read, and on CPUs with AVX-512 VNNI repacked Q4_K weights (with VBMI too) and Q6_K weights
-go through kernels with fewer operations per byte, for one row and for the rows the K-quant
-row groups take.
+read, and on CPUs with AVX-512 VNNI repacked Q4_K weights (with VBMI too; one row, and the
+rows the K-quant row groups take) and the row groups' Q6_K weights (a few rows) go through
+kernels with fewer operations per byte.
 
 Each repetition runs two fresh processes, the switch at `READ_AHEAD` and at 0, taking turns
 at going first (ggml reads it once per process). Each loads the model as `reame serve` loads

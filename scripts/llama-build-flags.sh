@@ -93,12 +93,12 @@
 # it runs at the speed its cores get the weights from memory; so, nearly, does a pass of a
 # few tokens (a draft verified). With GGML_READ_AHEAD=N products of one row and of a few
 # ask for the weights N bytes ahead of where they read, and on CPUs with AVX-512 VNNI
-# repacked Q4_K weights (with VBMI too) and Q6_K weights go through kernels with fewer
-# operations per byte, for one row and for the rows the K-quant row groups take: every
-# output is computed as ggml's one-row kernel computes it, bit for bit. Qwen2.5-Coder-1.5B
-# then decoded 1.37-1.44x faster on an Intel Xeon without AMX, and its passes of a few
-# tokens cost fewer one-token steps (docs/BENCHMARKS.md). Reame sets the switch;
-# llama-server keeps ggml's ways.
+# repacked Q4_K weights (with VBMI too; one row, and the rows the K-quant row groups take)
+# and the row groups' Q6_K weights (a few rows) go through kernels with fewer operations
+# per byte: every output is computed as ggml's one-row kernel computes it, bit for bit.
+# Qwen2.5-Coder-1.5B then decoded 1.37-1.44x faster on an Intel Xeon without AMX, and its
+# passes of a few tokens cost fewer one-token steps (docs/BENCHMARKS.md). Reame sets the
+# switch; llama-server keeps ggml's ways.
 
 cpu_flags=$(grep -m1 -E '^(flags|Features)' "${REAME_CPUINFO:-/proc/cpuinfo}" || true)
 cmake_args="-DGGML_NATIVE=ON"

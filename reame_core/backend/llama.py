@@ -134,10 +134,11 @@ Q8_0_ROW_GROUPS = 8
 ROW_GROUPS_CHUNK_ENV = "GGML_ROW_GROUPS_CHUNK"
 ROW_GROUPS_CHUNK = 64
 
-# One-row products (decode steps) ask for the weights this many bytes ahead of where they
-# read, and on CPUs with AVX-512 VNNI and VBMI take repacked Q4_K weights through a kernel
-# with fewer operations per byte (scripts/patches/ggml-read-ahead.patch): a step runs at the
-# speed its cores get the weights. Every output bit-identical. Read once per process.
+# Products of one row (decode steps) and of a few (drafts verified) ask for the weights this
+# many bytes ahead of where they read, and on CPUs with AVX-512 VNNI take repacked Q4_K
+# weights (with VBMI too) and the row groups' Q6_K weights through kernels with fewer
+# operations per byte (scripts/patches/ggml-read-ahead.patch): they run at the speed their
+# cores get the weights. Every output bit-identical. Read once per process.
 READ_AHEAD_ENV = "GGML_READ_AHEAD"
 READ_AHEAD = 4096
 
