@@ -108,6 +108,21 @@ def timed_decode(backend: Any, batch: Any, digest: Any = None) -> float:
     return seconds
 
 
+def repeated_pass(
+    backend: Any, batch: Any, start: int, warm: int, timed: int, digest: Any = None
+) -> list[float]:
+    """Seconds of `timed` passes of `batch` (sequence 0's tokens from position `start` on),
+    each taken back after it, after `warm` untimed ones (so that llama.cpp reuses that
+    shape's graph); `digest` (a hashlib object), if given, takes the first pass's logits."""
+    seconds = []
+    for attempt in range(warm + timed):
+        elapsed = timed_decode(backend, batch, digest if attempt == 0 else None)
+        backend.seq_rm(0, start, -1)
+        if attempt >= warm:
+            seconds.append(elapsed)
+    return seconds
+
+
 def prompt_and_steps(
     backend: Any, tokens: Sequence[int], prompt: int, steps: int, digest: Any = None
 ) -> tuple[list[float], list[float]]:

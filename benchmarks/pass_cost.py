@@ -50,7 +50,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 from reame_core.backend.llama import (
@@ -72,6 +71,8 @@ def pass_seconds(
 ) -> dict[tuple[int, str], float]:
     """Median seconds of a pass of n tokens after a 300-token prompt (its graph warm), by
     (n, "all") with logits for every row and (n, "last") for the last row only."""
+    from common import repeated_pass
+
     from reame_core.backend.base import Batch
     from reame_core.runtime import planned_backend
     from reame_core.settings import Settings
@@ -95,13 +96,9 @@ def pass_seconds(
                 batch = Batch()
                 for j in range(n):
                     batch.add(prompt[j % len(prompt)], start + j, 0, rows == "all" or j == n - 1)
-                for attempt in range(WARM + TIMED):
-                    began = time.perf_counter()
-                    backend.decode(batch)
-                    elapsed = time.perf_counter() - began
-                    backend.seq_rm(0, start, -1)
-                    if attempt >= WARM:
-                        seconds.setdefault((n, rows), []).append(elapsed)
+                seconds.setdefault((n, rows), []).extend(
+                    repeated_pass(backend, batch, start, WARM, TIMED)
+                )
     backend.close()
     return {key: statistics.median(values) for key, values in seconds.items()}
 

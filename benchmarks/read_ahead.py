@@ -59,7 +59,7 @@ def child(model: str, threads: int) -> dict[str, Any]:
 def pass_seconds(backend: Any, tokens: list[int], start: int, digest: Any) -> dict[int, float]:
     """Each size's median pass of sequence 0 after its first `start` tokens, every row's
     logits asked for; `digest` takes the logits of each size's first pass."""
-    from common import timed_decode
+    from common import repeated_pass
 
     from reame_core.backend.base import Batch
 
@@ -68,37 +68,45 @@ def pass_seconds(backend: Any, tokens: list[int], start: int, digest: Any) -> di
         batch = Batch()
         for j in range(n):
             batch.add(tokens[j], start + j, 0, True)
-        seconds = []
-        for attempt in range(PASS_WARM + PASS_TIMED):
-            elapsed = timed_decode(backend, batch, digest if attempt == 0 else None)
-            backend.seq_rm(0, start, -1)
-            if attempt >= PASS_WARM:
-                seconds.append(elapsed)
+        seconds = repeated_pass(backend, batch, start, PASS_WARM, PASS_TIMED, digest)
         medians[n] = statistics.median(seconds)
     return medians
 
 
+def compared(on: list[float], off: list[float]) -> dict[str, Any]:
+    """Times with the switch and without, a repetition each: both medians, how many times
+    faster with it (of the medians), each repetition's ratio and their median."""
+    per_rep = [round(b / a, 3) for a, b in zip(on, off, strict=True)]
+    return {
+        "on": statistics.median(on),
+        "off": statistics.median(off),
+        "speedup": round(statistics.median(off) / statistics.median(on), 3),
+        "per_rep": per_rep,
+        "median_of_reps": round(statistics.median(per_rep), 3),
+    }
+
+
 def pass_figures(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Per pass size: the median pass on and off, their ratio, each repetition's ratio and
-    their median, and the pass's price in its process's one-token steps on and off."""
+    """Per pass size: `compared` of its passes, and the pass's price in its process's
+    one-token steps on and off (the median over the repetitions)."""
     figures = {}
     for n in PASSES:
         key = str(n)  # the children's JSON keys
-        on = [r["pass_ms"][key] for r in runs["on"]]
-        off = [r["pass_ms"][key] for r in runs["off"]]
-        per_rep = [round(b / a, 3) for a, b in zip(on, off, strict=True)]
+        passes = compared(
+            [r["pass_ms"][key] for r in runs["on"]], [r["pass_ms"][key] for r in runs["off"]]
+        )
         figures[key] = {
-            "pass_ms_on": statistics.median(on),
-            "pass_ms_off": statistics.median(off),
-            "speedup": round(statistics.median(off) / statistics.median(on), 3),
-            "speedup_per_rep": per_rep,
-            "speedup_median_of_reps": round(statistics.median(per_rep), 3),
-            "in_steps_on": round(
-                statistics.median(r["pass_ms"][key] / r["step_ms"] for r in runs["on"]), 2
-            ),
-            "in_steps_off": round(
-                statistics.median(r["pass_ms"][key] / r["step_ms"] for r in runs["off"]), 2
-            ),
+            "pass_ms_on": passes["on"],
+            "pass_ms_off": passes["off"],
+            "speedup": passes["speedup"],
+            "speedup_per_rep": passes["per_rep"],
+            "speedup_median_of_reps": passes["median_of_reps"],
+            **{
+                f"in_steps_{side}": round(
+                    statistics.median(r["pass_ms"][key] / r["step_ms"] for r in runs[side]), 2
+                )
+                for side in ("on", "off")
+            },
         }
     return figures
 
@@ -114,20 +122,16 @@ def main() -> None:
     if measured is None:
         return
     runs = measured.runs
-    on = statistics.median(r["step_ms"] for r in runs["on"])
-    off = statistics.median(r["step_ms"] for r in runs["off"])
-    per_rep = [
-        round(b["step_ms"] / a["step_ms"], 3) for a, b in zip(runs["on"], runs["off"], strict=True)
-    ]
+    steps = compared([r["step_ms"] for r in runs["on"]], [r["step_ms"] for r in runs["off"]])
     summary = {
         "read_ahead_bytes": READ_AHEAD,
-        "step_ms_on": on,
-        "step_ms_off": off,
-        "tok_s_on": round(1000 / on, 1),
-        "tok_s_off": round(1000 / off, 1),
-        "decode_speedup": round(off / on, 3),
-        "decode_speedup_per_rep": per_rep,
-        "decode_speedup_median_of_reps": round(statistics.median(per_rep), 3),
+        "step_ms_on": steps["on"],
+        "step_ms_off": steps["off"],
+        "tok_s_on": round(1000 / steps["on"], 1),
+        "tok_s_off": round(1000 / steps["off"], 1),
+        "decode_speedup": steps["speedup"],
+        "decode_speedup_per_rep": steps["per_rep"],
+        "decode_speedup_median_of_reps": steps["median_of_reps"],
         "passes": pass_figures(runs),
         "logits_bit_identical": measured.logits_agree(),
     }
