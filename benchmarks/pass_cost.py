@@ -28,7 +28,10 @@ product) against ggml's 4-row, tiled and one-row kernels. With --compare-q8_0-ro
 (Q8_0 weights, as SmolLM2's output layer, where no AMX kernel takes them: x86 with AVX2)
 likewise, Reame's Q8_0 row groups (`Q8_0_ROW_GROUPS_ENV`,
 scripts/patches/ggml-q8_0-row-groups.patch) against llamafile's kernel, which ggml gives
-every product of two rows or more. With --compare-row-groups-chunk likewise, the row groups'
+every product of two rows or more. With --compare-q5_0-row-groups (Q5_0 weights, as
+Qwen2.5-0.5B's layers whose rows no K-quant takes) likewise, the same row groups for Q5_0
+(`Q5_0_ROW_GROUPS_ENV`, scripts/patches/ggml-q5_0-row-groups.patch) against llamafile's
+kernel. With --compare-row-groups-chunk likewise, the row groups'
 products of a few rows handed to the threads in Reame's chunks of 64 weight rows
 (`ROW_GROUPS_CHUNK_ENV`, scripts/patches/ggml-row-groups-chunk.patch) against ggml's 16.
 `--sizes` replaces the pass sizes
@@ -40,6 +43,7 @@ the last row only the report keeps beside that with logits for every row).
     .venv/bin/python benchmarks/pass_cost.py --compare-q4_1-row-groups [--sizes 1 2 4 64 512]
     .venv/bin/python benchmarks/pass_cost.py --compare-k-quant-row-groups --model qwen2.5-coder-1.5b
     .venv/bin/python benchmarks/pass_cost.py --compare-q8_0-row-groups [--sizes 1 2 4 8]
+    .venv/bin/python benchmarks/pass_cost.py --compare-q5_0-row-groups --model qwen2.5-coder-0.5b
     .venv/bin/python benchmarks/pass_cost.py --compare-row-groups-chunk
 """
 
@@ -55,6 +59,7 @@ from pathlib import Path
 from reame_core.backend.llama import (
     K_QUANT_ROW_GROUPS_ENV,
     Q4_1_ROW_GROUPS_ENV,
+    Q5_0_ROW_GROUPS_ENV,
     Q8_0_ROW_GROUPS_ENV,
     ROW_GROUPS_CHUNK_ENV,
 )
@@ -114,6 +119,8 @@ CONFIGS = {
     "ggml-k-quant": (K_QUANT_ROW_GROUPS_ENV, "0"),  # ggml's 4-row, tiled and one-row kernels
     "q8_0-row-groups": (Q8_0_ROW_GROUPS_ENV, None),
     "llamafile-q8_0": (Q8_0_ROW_GROUPS_ENV, "0"),  # llamafile's kernel from two rows on
+    "q5_0-row-groups": (Q5_0_ROW_GROUPS_ENV, None),
+    "llamafile-q5_0": (Q5_0_ROW_GROUPS_ENV, "0"),  # llamafile's kernel from two rows on
     "chunks-of-64": (ROW_GROUPS_CHUNK_ENV, None),
     "ggml-chunks": (ROW_GROUPS_CHUNK_ENV, "0"),  # ggml's 16 weight rows a chunk
 }
@@ -122,6 +129,7 @@ COMPARISONS = {
     "q4_1_row_groups": ("row-groups", "one-row", "one_row_over_row_groups"),
     "k_quant_row_groups": ("k-quant-row-groups", "ggml-k-quant", "ggml_over_row_groups"),
     "q8_0_row_groups": ("q8_0-row-groups", "llamafile-q8_0", "llamafile_over_row_groups"),
+    "q5_0_row_groups": ("q5_0-row-groups", "llamafile-q5_0", "llamafile_over_row_groups"),
     "row_groups_chunk": ("chunks-of-64", "ggml-chunks", "ggml_chunks_over_chunks_of_64"),
 }
 
@@ -164,6 +172,7 @@ def main() -> None:
     parser.add_argument("--compare-q4_1-row-groups", action="store_true")
     parser.add_argument("--compare-k-quant-row-groups", action="store_true")
     parser.add_argument("--compare-q8_0-row-groups", action="store_true")
+    parser.add_argument("--compare-q5_0-row-groups", action="store_true")
     parser.add_argument("--compare-row-groups-chunk", action="store_true")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("--rounds", type=int, default=3, help="processes per configuration")
@@ -193,6 +202,7 @@ def main() -> None:
         else "q4_1_row_groups" if args.compare_q4_1_row_groups
         else "k_quant_row_groups" if args.compare_k_quant_row_groups
         else "q8_0_row_groups" if args.compare_q8_0_row_groups
+        else "q5_0_row_groups" if args.compare_q5_0_row_groups
         else "row_groups_chunk" if args.compare_row_groups_chunk
         else None
     )  # fmt: skip

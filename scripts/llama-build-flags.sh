@@ -99,6 +99,14 @@
 # Qwen2.5-Coder-1.5B then decoded 1.37-1.44x faster on an Intel Xeon without AMX, and its
 # passes of a few tokens cost fewer one-token steps (docs/BENCHMARKS.md). Reame sets the
 # switch; llama-server keeps ggml's ways.
+#
+# On every host the source gets patches/ggml-q5_0-row-groups.patch: Q5_0 weights (the layers
+# of Qwen2.5-0.5B whose rows of 896 values no K-quant takes) go, like Q8_0's, to llamafile's
+# kernel for every product of two rows or more, made for products of many rows: a pass of
+# two tokens of Qwen2.5-Coder-0.5B cost 1.33-1.54 one-token passes on an Intel Xeon without
+# AMX. With GGML_Q5_0_ROW_GROUPS=N products of 2 to N rows go to the Q8_0 row groups, each
+# block unpacked once for up to eight rows, each row computed as ggml's one-row product
+# computes it. Reame sets the switch; llama-server keeps ggml's kernels.
 
 cpu_flags=$(grep -m1 -E '^(flags|Features)' "${REAME_CPUINFO:-/proc/cpuinfo}" || true)
 cmake_args="-DGGML_NATIVE=ON"
@@ -112,6 +120,7 @@ patches=(
     "$here/patches/ggml-q8_0-row-groups.patch"
     "$here/patches/ggml-row-groups-chunk.patch"
     "$here/patches/ggml-read-ahead.patch"
+    "$here/patches/ggml-q5_0-row-groups.patch"
 )
 if [[ $(uname -m) == x86_64 ]]; then
     if [[ " $cpu_flags " == *" amx_int8 "* && ${REAME_NO_AMX:-0} != 1 ]]; then

@@ -126,7 +126,13 @@ K_QUANT_ROW_GROUPS_EVERY = 1 << 30
 Q8_0_ROW_GROUPS_ENV = "GGML_Q8_0_ROW_GROUPS"
 Q8_0_ROW_GROUPS = 8
 
-# Products of 2 to 12 rows that the row groups above take (Q4_1, Q8_0, Q6_K) handed to the
+# The same for Q5_0 weights (the layers of Qwen2.5-0.5B whose rows of 896 values no K-quant
+# takes), in the same row groups (scripts/patches/ggml-q5_0-row-groups.patch); every row
+# bit-identical to a one-row product. Read once per process.
+Q5_0_ROW_GROUPS_ENV = "GGML_Q5_0_ROW_GROUPS"
+Q5_0_ROW_GROUPS = 8
+
+# Products of 2 to 12 rows that the row groups above take (Q4_1, Q8_0, Q5_0, Q6_K) handed to the
 # threads in chunks of this many weight rows, as products of one row are, not ggml's 16: each
 # chunk costs a step of the threads' shared counter and a call that converts its src1 rows'
 # scales again (scripts/patches/ggml-row-groups-chunk.patch). Which thread computes a row
@@ -407,6 +413,7 @@ class LlamaBackend:
             str(K_QUANT_ROW_GROUPS_EVERY if deterministic else K_QUANT_ROW_GROUPS),
         )
         os.environ.setdefault(Q8_0_ROW_GROUPS_ENV, str(Q8_0_ROW_GROUPS))
+        os.environ.setdefault(Q5_0_ROW_GROUPS_ENV, str(Q5_0_ROW_GROUPS))
         os.environ.setdefault(ROW_GROUPS_CHUNK_ENV, str(ROW_GROUPS_CHUNK))
         os.environ.setdefault(READ_AHEAD_ENV, str(READ_AHEAD))
         model_params = llama_cpp.llama_model_default_params()

@@ -45,6 +45,19 @@ def assert_products(expected: np.ndarray) -> None:
     assert np.count_nonzero(expected) > expected.size // 2
 
 
+Q8_0 = np.dtype([("d", "<f2"), ("qs", "i1", 32)])
+
+
+def q8_0_blocks(rng: np.random.Generator, rows: int, blocks: int) -> np.ndarray:
+    """Q8_0 blocks (the weights' of a Q8_0 product, src1's of a Q8_0 or Q5_0 one): scales as
+    quantization makes them, values over all of int8 (-128, which quantization does not
+    make, must still come out as the one-row product has it)."""
+    blocks_ = np.zeros((rows, blocks), Q8_0)
+    blocks_["d"] = rng.uniform(1e-4, 5e-2, blocks_.shape)
+    blocks_["qs"] = rng.integers(-128, 128, (*blocks_.shape, 32))
+    return blocks_
+
+
 def kernels(dot: str, rows: str) -> ctypes.CDLL:
     """The build's CPU library with the one-row product `dot` and its group kernel `rows`
     declared (the test skipped where they are not built)."""

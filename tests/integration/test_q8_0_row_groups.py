@@ -26,13 +26,13 @@ from row_groups import (
     assert_rows_too_long_are_refused,
     kernels,
     needs_avx2,
+    q8_0_blocks,
 )
 from test_row_kernels import PASSES, logits_by_pass
 
 from reame_core.backend.llama import Q8_0_ROW_GROUPS, Q8_0_ROW_GROUPS_ENV
 from reame_core.backend.probe import BuildVerdict
 
-Q8_0 = np.dtype([("d", "<f2"), ("qs", "i1", 32)])
 DOT, ROWS = "ggml_vec_dot_q8_0_q8_0", "ggml_gemm_q8_0_q8_0_rows"
 
 
@@ -41,22 +41,15 @@ def ggml_cpu() -> ctypes.CDLL:
     return kernels(DOT, ROWS)
 
 
-def _q8_0(rng: np.random.Generator, rows: int, blocks: int) -> np.ndarray:
-    """Q8_0 blocks: scales as quantization makes them, values over all of int8 (-128, which
-    quantization does not make, must still come out as the one-row product has it)."""
-    blocks_ = np.zeros((rows, blocks), Q8_0)
-    blocks_["d"] = rng.uniform(1e-4, 5e-2, blocks_.shape)
-    blocks_["qs"] = rng.integers(-128, 128, (*blocks_.shape, 32))
-    return blocks_
-
-
 @pytest.mark.parametrize("blocks", [1, 18, 48, 137])
 @pytest.mark.parametrize("row_count", range(2, 18))  # every group shape, and groups after one
 def test_every_output_is_the_one_row_dot_product_bit_for_bit(
     ggml_cpu: ctypes.CDLL, blocks: int, row_count: int
 ) -> None:
     rng = np.random.default_rng(blocks * 100 + row_count)
-    assert_bit_identical(ggml_cpu, DOT, ROWS, _q8_0(rng, 21, blocks), _q8_0(rng, row_count, blocks))
+    assert_bit_identical(
+        ggml_cpu, DOT, ROWS, q8_0_blocks(rng, 21, blocks), q8_0_blocks(rng, row_count, blocks)
+    )
 
 
 def test_weight_rows_too_long_for_its_scratch_are_left_to_the_other_kernels(
@@ -64,7 +57,9 @@ def test_weight_rows_too_long_for_its_scratch_are_left_to_the_other_kernels(
 ) -> None:
     rng = np.random.default_rng(5)
     blocks = MAX_BLOCKS + 1
-    assert_rows_too_long_are_refused(ggml_cpu, ROWS, _q8_0(rng, 1, blocks), _q8_0(rng, 2, blocks))
+    assert_rows_too_long_are_refused(
+        ggml_cpu, ROWS, q8_0_blocks(rng, 1, blocks), q8_0_blocks(rng, 2, blocks)
+    )
 
 
 def test_smollm2_rows_of_every_pass_get_the_logits_of_one_token_steps(

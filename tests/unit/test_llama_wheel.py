@@ -1,5 +1,5 @@
 """scripts/llama-wheel's cache key: one build per CPU; every host gets the row-exact flash
-attention, kept-graphs, huge-pages, KV-regions and Q4_1 row-group patches, AMX hosts the AMX
+attention, kept-graphs, huge-pages, KV-regions and row-group patches, AMX hosts the AMX
 patches too; scripts/llama-server builds llama.cpp the same way (llama-build-flags.sh)."""
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ EVERY_HOST = [
     "ggml-q8_0-row-groups.patch",
     "ggml-row-groups-chunk.patch",  # on top of the three row groups'
     "ggml-read-ahead.patch",  # on top of the row groups' and their chunks'
+    "ggml-q5_0-row-groups.patch",  # on top of the Q8_0 row groups' read-ahead
 ]
 
 
