@@ -1,11 +1,11 @@
 """ggml hands a product of two rows or more to its threads in chunks of 16 weight rows. Reame's
-build hands the products of 2 to 12 rows that its row groups take (Q4_1, Q8_0, Q6_K) in
+build hands the products of 2 to 12 rows that its row groups take (Q4_1, Q8_0, Q5_0, Q6_K) in
 chunks of `ROW_GROUPS_CHUNK` rows instead (scripts/patches/ggml-row-groups-chunk.patch,
 `GGML_ROW_GROUPS_CHUNK`). A speed-up only: which thread computes a row changes, not how.
-Checked on SmolLM2 (Q4_1 and Q8_0) and Qwen2.5-Coder-0.5B (Q6_K besides repacked Q4_K):
-every row of a pass of 1 to 13 tokens (past the switch's 12) gets the logits of a one-token
-step, and the same logits with the switch on and off (each in a process of its own: ggml
-reads it once per process).
+Checked on SmolLM2 (Q4_1 and Q8_0) and Qwen2.5-Coder-0.5B (Q5_0, Q8_0 and Q6_K besides
+repacked Q4_K): every row of a pass of 1 to 13 tokens (past the switch's 12) gets the logits
+of a one-token step, and the same logits with the switch on and off (each in a process of
+its own: ggml reads it once per process).
 """
 
 from __future__ import annotations
