@@ -124,13 +124,14 @@ CONFIGS = {
     "chunks-of-64": (ROW_GROUPS_CHUNK_ENV, None),
     "ggml-chunks": (ROW_GROUPS_CHUNK_ENV, "0"),  # ggml's 16 weight rows a chunk
 }
+# --compare-NAME: (Reame's configuration, the other, the report's key for other over Reame's)
 COMPARISONS = {
-    "amx_tiles": ("row-kernels", "ggml-tiles", "tiles_over_row_kernels"),
-    "q4_1_row_groups": ("row-groups", "one-row", "one_row_over_row_groups"),
-    "k_quant_row_groups": ("k-quant-row-groups", "ggml-k-quant", "ggml_over_row_groups"),
-    "q8_0_row_groups": ("q8_0-row-groups", "llamafile-q8_0", "llamafile_over_row_groups"),
-    "q5_0_row_groups": ("q5_0-row-groups", "llamafile-q5_0", "llamafile_over_row_groups"),
-    "row_groups_chunk": ("chunks-of-64", "ggml-chunks", "ggml_chunks_over_chunks_of_64"),
+    "amx-tiles": ("row-kernels", "ggml-tiles", "tiles_over_row_kernels"),
+    "q4_1-row-groups": ("row-groups", "one-row", "one_row_over_row_groups"),
+    "k-quant-row-groups": ("k-quant-row-groups", "ggml-k-quant", "ggml_over_row_groups"),
+    "q8_0-row-groups": ("q8_0-row-groups", "llamafile-q8_0", "llamafile_over_row_groups"),
+    "q5_0-row-groups": ("q5_0-row-groups", "llamafile-q5_0", "llamafile_over_row_groups"),
+    "row-groups-chunk": ("chunks-of-64", "ggml-chunks", "ggml_chunks_over_chunks_of_64"),
 }
 
 
@@ -168,12 +169,10 @@ def main() -> None:
     parser.add_argument("--model", help="model alias or .gguf path (default: embedded)")
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--compare-amx-tiles", action="store_true")
-    parser.add_argument("--compare-q4_1-row-groups", action="store_true")
-    parser.add_argument("--compare-k-quant-row-groups", action="store_true")
-    parser.add_argument("--compare-q8_0-row-groups", action="store_true")
-    parser.add_argument("--compare-q5_0-row-groups", action="store_true")
-    parser.add_argument("--compare-row-groups-chunk", action="store_true")
+    for name in COMPARISONS:
+        parser.add_argument(
+            f"--compare-{name}", dest="comparison", action="store_const", const=name
+        )
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("--rounds", type=int, default=3, help="processes per configuration")
     parser.add_argument("--name", default="pass_cost", help="results file name (no extension)")
@@ -197,23 +196,14 @@ def main() -> None:
         "reps": args.reps,
         "command": " ".join(["python", "benchmarks/pass_cost.py", *sys.argv[1:]]),
     }
-    comparison = (
-        "amx_tiles" if args.compare_amx_tiles
-        else "q4_1_row_groups" if args.compare_q4_1_row_groups
-        else "k_quant_row_groups" if args.compare_k_quant_row_groups
-        else "q8_0_row_groups" if args.compare_q8_0_row_groups
-        else "q5_0_row_groups" if args.compare_q5_0_row_groups
-        else "row_groups_chunk" if args.compare_row_groups_chunk
-        else None
-    )  # fmt: skip
     report["sizes"] = list(sizes)
-    if comparison is None:
+    if args.comparison is None:
         table = table_of(pass_seconds(model.path, args.threads, args.reps, sizes), sizes)
         for row in table:
             print(row, flush=True)
         report["passes"] = table
     else:
-        reames, other, key = COMPARISONS[comparison]
+        reames, other, key = COMPARISONS[args.comparison]
         samples: dict[str, dict[tuple[int, str], list[float]]] = {reames: {}, other: {}}
         for round_ in range(args.rounds):
             # taking turns at going first: on a shared host the cores' speed drifts
